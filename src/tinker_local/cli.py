@@ -1,0 +1,49 @@
+"""`tinker-local` command line: a thin dispatcher; each subcommand lives with its layer."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> ("module:function", one-line help). Imported lazily so `--help` is instant.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("tinker_local.server.commands:serve_main", "run the tinker-local HTTP server"),
+    "run": (
+        "tinker_local.server.commands:run_main",
+        "run an unmodified hosted-Tinker script against an embedded server",
+    ),
+    "models": ("tinker_local.engine.commands:models_main", "list the models this machine can serve"),
+    "export": (
+        "tinker_local.engine.commands:export_main",
+        "merge a LoRA checkpoint into a full Hugging Face model folder",
+    ),
+    "rl": ("tinker_local.rl.cli:main", "RL training (GRPO/PPO) on a task"),
+    "tasks": ("tinker_local.tasks.registry:list_main", "list the built-in tasks"),
+    "sft": ("tinker_local.sl.cli:main", "supervised fine-tuning on chat or prompt/completion JSONL"),
+    "collect": ("tinker_local.sl.collect:main", "write SFT data from the task suite"),
+    "eval": ("tinker_local.eval.cli:main", "evaluate checkpoints on tasks with Jeffreys intervals"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tinker-local COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"tinker-local: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = SUBCOMMANDS[name][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Where tinker-local keeps its files, and the environment variables it reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# A tiny randomly initialised Llama built from a config in memory, for fast tests.
+TINY_TEST_MODEL = "tinker-local/tiny-llama"
+# Keys must start with "tml-": the official SDK refuses any other.
+LOCAL_API_KEY = "tml-local"
+
+
+def home() -> Path:
+    """The tinker-local home: models, checkpoints, the server's database.
+
+    `TINKER_LOCAL_HOME`, default `~/.cache/tinker-local`.
+    """
+    path = Path(os.environ.get("TINKER_LOCAL_HOME", "~/.cache/tinker-local")).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    path = home() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def checkpoints_dir() -> Path:
+    path = home() / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
