@@ -66,3 +66,59 @@ class RLDataset(ABC):
 
     @abstractmethod
     def __len__(self) -> int: ...
+
+
+# --- Text-level task interfaces ---------------------------------------------------------------
+# Tasks are written at the text level and know nothing about tokens; the RL library wraps them
+# into token-level `Env`s (rendering with the tokenizer's chat template, keeping the sampled
+# token ids as the training data, and decoding actions only to score them).
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
+
+
+@dataclass
+class Score:
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class SingleTurnProblem(ABC):
+    """One prompt, one answer, one reward."""
+
+    @abstractmethod
+    def messages(self) -> list[Message]:
+        """The chat messages shown to the model (system prompt optional, ends with a user turn)."""
+
+    @abstractmethod
+    def score(self, answer: str) -> Score:
+        """Reward for the model's decoded answer. Must never raise on malformed answers."""
+
+    def reference_answer(self) -> str | None:
+        """A known-good answer (for SFT data collection and tests), when one exists."""
+        return None
+
+
+@dataclass
+class WorldStep:
+    observation: str
+    reward: float
+    done: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TextWorld(ABC):
+    """A multi-turn text environment: the model reads an observation and answers with an action."""
+
+    max_turns: int = 20
+
+    @abstractmethod
+    def reset(self) -> list[Message]:
+        """Start the episode; returns the opening messages (system prompt and first observation)."""
+
+    @abstractmethod
+    def step(self, action: str) -> WorldStep:
+        """Apply the model's decoded action; invalid actions get feedback, never an exception."""
+
+    @abstractmethod
+    def expert_action(self) -> str:
+        """What a scripted expert would do now (for tests and SFT data collection)."""
