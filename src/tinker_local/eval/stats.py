@@ -1,0 +1,161 @@
+"""Evaluation statistics: per-task summaries, Jeffreys intervals, weighted aggregates, Pareto.
+
+A "success" is a strictly positive score. For the usual 0/1 verifier rewards that is the share
+of non-zero scores; scores that are negative (format penalties) never count as successes.
+
+The interval for the success probability is the equal-tailed Jeffreys interval: the posterior
+under the Jeffreys prior Beta(1/2, 1/2) is Beta(1/2 + s, 1/2 + n - s), and the 80 % interval is
+its 10th and 90th percentiles. We report the percentiles as they are (no clamping to 0 or 1
+when s = 0 or s = n), so the numbers can be checked against any Beta quantile function.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from scipy.stats import beta as beta_dist
+
+DEFAULT_LEVEL = 0.8
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+    level: float = DEFAULT_LEVEL
+
+
+def jeffreys_interval(successes: int, n: int, level: float = DEFAULT_LEVEL) -> Interval:
+    """Equal-tailed Jeffreys interval for a success probability from `successes` out of `n`."""
+    if n <= 0:
+        raise ValueError(f"jeffreys_interval needs n >= 1 trials, got n={n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be within [0, n={n}], got {successes}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    tail = (1.0 - level) / 2.0
+    a, b = 0.5 + successes, 0.5 + n - successes
+    low, high = beta_dist.ppf([tail, 1.0 - tail], a, b)
+    return Interval(low=float(low), high=float(high), level=level)
+
+
+def is_success(score: float) -> bool:
+    return score > 0.0
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    task: str
+    n: int
+    mean: float
+    std: float  # sample standard deviation (n - 1); 0.0 for a single sample
+    median: float
+    successes: int
+    success_rate: float
+    # The mean when every score is exactly 0 or 1 (a binary task); None otherwise.
+    accuracy: float | None
+    interval: Interval  # Jeffreys interval for the success probability
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping) -> TaskStats:
+        fields = dict(data)
+        fields["interval"] = Interval(**fields["interval"])
+        return TaskStats(**fields)
+
+
+def summarize(task: str, scores: Sequence[float], level: float = DEFAULT_LEVEL) -> TaskStats:
+    """Statistics of one task's scores (one score per sample)."""
+    if not scores:
+        raise ValueError(f"task {task!r} has no scores to summarize")
+    values = [float(s) for s in scores]
+    for value in values:
+        if not math.isfinite(value):
+            raise ValueError(f"task {task!r} has a non-finite score {value!r}")
+    n = len(values)
+    successes = sum(1 for v in values if is_success(v))
+    mean = statistics.fmean(values)
+    binary = all(v in (0.0, 1.0) for v in values)
+    return TaskStats(
+        task=task,
+        n=n,
+        mean=mean,
+        std=statistics.stdev(values) if n > 1 else 0.0,
+        median=statistics.median(values),
+        successes=successes,
+        success_rate=successes / n,
+        accuracy=mean if binary else None,
+        interval=jeffreys_interval(successes, n, level),
+    )
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """All tasks pooled, so each task weighs as much as its number of samples."""
+
+    n: int
+    mean: float
+    successes: int
+    success_rate: float
+    interval: Interval
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def aggregate(stats: Sequence[TaskStats], level: float = DEFAULT_LEVEL) -> Aggregate:
+    if not stats:
+        raise ValueError("aggregate needs at least one task")
+    n = sum(s.n for s in stats)
+    successes = sum(s.successes for s in stats)
+    return Aggregate(
+        n=n,
+        mean=sum(s.mean * s.n for s in stats) / n,
+        successes=successes,
+        success_rate=successes / n,
+        interval=jeffreys_interval(successes, n, level),
+    )
+
+
+# --- Pareto dominance ---------------------------------------------------------------------------
+# A model is a mapping task -> score (higher is better). Models compared must cover the same tasks:
+# dominance over a different task set would be meaningless, so that is an error, not a False.
+
+
+def _check_same_tasks(a: Mapping[str, float], b: Mapping[str, float]) -> None:
+    if set(a) != set(b):
+        only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise ValueError(
+            f"models are scored on different tasks (only in the first: {only_a}, "
+            f"only in the second: {only_b})"
+        )
+    if not a:
+        raise ValueError("models must be scored on at least one task")
+
+
+def dominates(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """True if `a` is at least as good as `b` on every task and strictly better on one."""
+    _check_same_tasks(a, b)
+    return all(a[t] >= b[t] for t in a) and any(a[t] > b[t] for t in a)
+
+
+def pareto_frontier(models: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Names of the models no other model dominates, in the input order."""
+    names = list(models)
+    for name in names[1:]:
+        _check_same_tasks(models[names[0]], models[name])
+    return [
+        name
+        for name in names
+        if not any(dominates(models[other], models[name]) for other in names if other != name)
+    ]
+
+
+def dominance_pairs(models: Mapping[str, Mapping[str, float]]) -> list[tuple[str, str]]:
+    """Every (winner, loser) pair where the winner dominates the loser."""
+    return [(a, b) for a in models for b in models if a != b and dominates(models[a], models[b])]
