@@ -1,0 +1,244 @@
+"""Evaluation outputs: JSON for machines, Markdown for people, a PNG plot, transcripts as JSONL.
+
+Several models (base, SFT, RL, ...) evaluated on the same tasks are reported side by side. The
+headline number per task is the success rate with its 80 % Jeffreys interval; Pareto dominance is
+judged on per-task success rates.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from tinker_local.eval.stats import (
+    Aggregate,
+    Interval,
+    TaskStats,
+    aggregate,
+    dominance_pairs,
+    pareto_frontier,
+)
+
+
+@dataclass
+class Transcript:
+    """One evaluated sample: the whole conversation, the score, and the verifier's metrics."""
+
+    model: str  # the label of the model evaluated
+    task: str
+    problem_index: int
+    sample_index: int
+    messages: list[dict[str, str]]
+    score: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ModelEval:
+    """Everything measured for one model."""
+
+    label: str  # short name shown in tables: "base", "sft", "rl"
+    model: str  # base model name or tinker:// sampler path
+    tasks: list[TaskStats]
+    settings: dict[str, Any] = field(default_factory=dict)  # sampling settings, seed, ...
+
+    @property
+    def aggregate(self) -> Aggregate:
+        return aggregate(self.tasks)
+
+    def task(self, name: str) -> TaskStats:
+        for stats in self.tasks:
+            if stats.task == name:
+                return stats
+        raise KeyError(f"model {self.label!r} was not evaluated on task {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "model": self.model,
+            "settings": self.settings,
+            "tasks": [s.to_dict() for s in self.tasks],
+            "aggregate": self.aggregate.to_dict(),
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ModelEval:
+        return ModelEval(
+            label=data["label"],
+            model=data["model"],
+            tasks=[TaskStats.from_dict(t) for t in data["tasks"]],
+            settings=dict(data.get("settings", {})),
+        )
+
+
+def _common_tasks(results: Sequence[ModelEval]) -> list[str]:
+    """Task names in first-seen order; every model must cover the same tasks."""
+    if not results:
+        raise ValueError("no evaluation results to report")
+    names = [s.task for s in results[0].tasks]
+    for result in results[1:]:
+        if sorted(s.task for s in result.tasks) != sorted(names):
+            raise ValueError(
+                f"models {results[0].label!r} and {result.label!r} were evaluated on different "
+                f"tasks; side-by-side reports need the same task set"
+            )
+    labels = [r.label for r in results]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"model labels must be unique, got {labels}")
+    return names
+
+
+def success_rates(results: Sequence[ModelEval]) -> dict[str, dict[str, float]]:
+    """label -> task -> success rate, the input to Pareto comparisons."""
+    tasks = _common_tasks(results)
+    return {r.label: {t: r.task(t).success_rate for t in tasks} for r in results}
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def report_dict(results: Sequence[ModelEval]) -> dict[str, Any]:
+    rates = success_rates(results)
+    return {
+        "tasks": _common_tasks(results),
+        "models": [r.to_dict() for r in results],
+        "pareto_frontier": pareto_frontier(rates),
+        "dominance": [list(pair) for pair in dominance_pairs(rates)],
+    }
+
+
+def load_report(path: Path) -> list[ModelEval]:
+    """Read the models back from a report.json (or a single model's eval JSON)."""
+    data = json.loads(Path(path).read_text())
+    if "models" in data:
+        return [ModelEval.from_dict(m) for m in data["models"]]
+    return [ModelEval.from_dict(data)]
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def _rate_cell(rate: float, interval: Interval, n: int) -> str:
+    return f"{rate:.2f} [{interval.low:.2f}, {interval.high:.2f}] (n={n})"
+
+
+def markdown_table(results: Sequence[ModelEval]) -> str:
+    """Two tables side by side per model: success rates with intervals, then score summaries."""
+    tasks = _common_tasks(results)
+    level = round(results[0].tasks[0].interval.level * 100)
+    header = "| task | " + " | ".join(r.label for r in results) + " |"
+    rule = "|---" * (len(results) + 1) + "|"
+
+    lines = [f"Success rate [{level} % Jeffreys interval] (n = samples)", "", header, rule]
+    for task in tasks:
+        cells = [
+            _rate_cell(s.success_rate, s.interval, s.n) for s in (r.task(task) for r in results)
+        ]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    aggs = [r.aggregate for r in results]
+    cells = [_rate_cell(a.success_rate, a.interval, a.n) for a in aggs]
+    lines.append("| **all (weighted by samples)** | " + " | ".join(cells) + " |")
+
+    lines += ["", "Score: mean ± std (median)", "", header, rule]
+    for task in tasks:
+        cells = [
+            f"{s.mean:.3f} ± {s.std:.3f} ({s.median:.3f})" for s in (r.task(task) for r in results)
+        ]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| **all (weighted by samples)** | " + " | ".join(f"{a.mean:.3f}" for a in aggs) + " |"
+    )
+
+    rates = success_rates(results)
+    frontier = pareto_frontier(rates)
+    pairs = dominance_pairs(rates)
+    lines += ["", f"Pareto frontier (per-task success rate): {', '.join(frontier)}"]
+    if pairs:
+        lines.append("Dominance: " + "; ".join(f"{a} dominates {b}" for a, b in pairs))
+    else:
+        lines.append("Dominance: no model dominates another")
+    return "\n".join(lines) + "\n"
+
+
+# --- PNG ----------------------------------------------------------------------------------------
+
+
+def build_figure(results: Sequence[ModelEval]) -> Figure:
+    """Grouped bars of per-task success rate, one bar per model, Jeffreys intervals as whiskers."""
+    tasks = _common_tasks(results)
+    columns = tasks + ["all"]
+    # The Figure API (not pyplot) keeps no global state and needs no display.
+    fig = Figure(figsize=(max(6.0, 1.2 * len(columns) * max(1, len(results)) / 2 + 3), 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / len(results)
+    for i, result in enumerate(results):
+        stats: list[TaskStats | Aggregate] = [result.task(t) for t in tasks] + [result.aggregate]
+        rates = [s.success_rate for s in stats]
+        positions = [c - 0.4 + width * (i + 0.5) for c in range(len(columns))]
+        ax.bar(positions, rates, width, label=result.label)
+        # The Jeffreys interval need not contain the observed rate (at 0 or n successes it
+        # excludes it), so the whisker is drawn from the interval itself, not as rate ± error.
+        mids = [(s.interval.low + s.interval.high) / 2 for s in stats]
+        ax.errorbar(
+            positions,
+            mids,
+            yerr=[
+                [m - s.interval.low for m, s in zip(mids, stats)],
+                [s.interval.high - m for m, s in zip(mids, stats)],
+            ],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+            alpha=0.8,
+        )
+    ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
+    ax.set_ylim(0.0, 1.05)
+    level = round(results[0].tasks[0].interval.level * 100)
+    ax.set_ylabel(f"success rate ({level} % Jeffreys interval)")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def save_plot(results: Sequence[ModelEval], path: Path) -> None:
+    build_figure(results).savefig(path, dpi=120)
+
+
+# --- Files --------------------------------------------------------------------------------------
+
+
+def write_transcripts(path: Path, transcripts: Sequence[Transcript]) -> None:
+    with Path(path).open("w") as f:
+        f.writelines(json.dumps(asdict(transcript)) + "\n" for transcript in transcripts)
+
+
+def read_transcripts(path: Path) -> list[Transcript]:
+    with Path(path).open() as f:
+        return [Transcript(**json.loads(line)) for line in f if line.strip()]
+
+
+def write_report(
+    out_dir: Path, results: Sequence[ModelEval], transcripts: Sequence[Transcript] = ()
+) -> dict[str, Path]:
+    """Write report.json, report.md, report.png and (if any) transcripts.jsonl to `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / "report.json",
+        "markdown": out_dir / "report.md",
+        "plot": out_dir / "report.png",
+    }
+    paths["json"].write_text(json.dumps(report_dict(results), indent=2) + "\n")
+    paths["markdown"].write_text(markdown_table(results))
+    save_plot(results, paths["plot"])
+    if transcripts:
+        paths["transcripts"] = out_dir / "transcripts.jsonl"
+        write_transcripts(paths["transcripts"], transcripts)
+    return paths
