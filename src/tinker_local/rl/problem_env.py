@@ -1,0 +1,228 @@
+"""Token-level `Env`s for the text-level task interfaces.
+
+Tasks are written as `SingleTurnProblem` or `TextWorld` and know nothing about tokens. These
+wrappers render them with the tokenizer's chat template, hand the sampled token ids back
+untouched (they become the training data), and decode an action only to score it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tinker
+
+from tinker_local.rendering import (
+    Message,
+    RenderingError,
+    extend_prefix,
+    render_prompt,
+    stop_token_ids,
+)
+from tinker_local.rl.truncation import keep_head_and_tail
+from tinker_local.rl.types import (
+    Action,
+    Env,
+    EnvGroupBuilder,
+    RLDataset,
+    SingleTurnProblem,
+    StepResult,
+    StopCondition,
+    TextWorld,
+)
+
+
+def decode_action(tokenizer: Any, action: Action) -> str:
+    """The text a task scores: special tokens (end of turn) removed, outer whitespace stripped."""
+    return tokenizer.decode(action, skip_special_tokens=True).strip()
+
+
+class ProblemEnv(Env):
+    """One attempt at a `SingleTurnProblem`: prompt -> one sampled answer -> reward."""
+
+    def __init__(self, problem: SingleTurnProblem, tokenizer: Any):
+        self.problem = problem
+        self.tokenizer = tokenizer
+        self._done = False
+
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+        tokens = render_prompt(self.tokenizer, self.problem.messages())
+        return tinker.ModelInput.from_ints(tokens), stop_token_ids(self.tokenizer)
+
+    async def step(self, action: Action) -> StepResult:
+        if self._done:
+            raise RuntimeError("ProblemEnv is single-use: step() was already called")
+        self._done = True
+        score = self.problem.score(decode_action(self.tokenizer, action))
+        return StepResult(
+            reward=float(score.reward), episode_done=True, metrics=dict(score.metrics)
+        )
+
+
+class WorldEnv(Env):
+    """One episode of a `TextWorld`, as a growing token context.
+
+    Each turn's observation is the previous observation + the sampled action + the new
+    messages, so an episode is one token sequence the model produced part of. When the chat
+    template would have rendered the conversation differently, the step reports
+    `template_mismatch=1`. Contexts longer than `max_context_tokens` keep their first
+    `keep_first_tokens` (system prompt and task; default: the whole initial observation) and the
+    most recent tokens, reported as `context_truncated=1`.
+    """
+
+    def __init__(
+        self,
+        world: TextWorld,
+        tokenizer: Any,
+        *,
+        max_context_tokens: int | None = None,
+        keep_first_tokens: int | None = None,
+    ):
+        self.world = world
+        self.tokenizer = tokenizer
+        self.max_context_tokens = max_context_tokens
+        self.keep_first_tokens = keep_first_tokens
+        self._messages: list[Message] = []
+        self._context: list[int] | None = None
+        self._turns = 0
+        self._done = False
+
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+        self._messages = list(self.world.reset())
+        self._context = render_prompt(self.tokenizer, self._messages)
+        if self.keep_first_tokens is None:
+            self.keep_first_tokens = len(self._context)
+        return tinker.ModelInput.from_ints(self._context), stop_token_ids(self.tokenizer)
+
+    async def step(self, action: Action) -> StepResult:
+        if self._context is None:
+            raise RuntimeError("WorldEnv.step() called before initial_observation()")
+        if self._done:
+            raise RuntimeError("WorldEnv: step() called after the episode ended")
+        text = decode_action(self.tokenizer, action)
+        result = self.world.step(text)
+        self._turns += 1
+        metrics = dict(result.metrics)
+        done = result.done or self._turns >= self.world.max_turns
+        if done:
+            self._done = True
+            metrics["turns"] = float(self._turns)
+            return StepResult(reward=float(result.reward), episode_done=True, metrics=metrics)
+
+        self._messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": result.observation},
+        ]
+        try:
+            ext = extend_prefix(self.tokenizer, self._context + list(action), self._messages)
+            tokens, matches = ext.tokens, ext.matches_template
+        except RenderingError:
+            # The template rewrites history: fall back to a fresh rendering (a new sequence,
+            # not an extension) and say so.
+            tokens, matches = render_prompt(self.tokenizer, self._messages), False
+        metrics["template_mismatch"] = 0.0 if matches else 1.0
+        truncated = 0.0
+        if self.max_context_tokens is not None and len(tokens) > self.max_context_tokens:
+            tokens = keep_head_and_tail(
+                tokens, self.max_context_tokens, self.keep_first_tokens or 0
+            )
+            truncated = 1.0
+        metrics["context_truncated"] = truncated
+        self._context = tokens
+        return StepResult(
+            reward=float(result.reward),
+            episode_done=False,
+            next_observation=tinker.ModelInput.from_ints(tokens),
+            next_stop_condition=stop_token_ids(self.tokenizer),
+            metrics=metrics,
+        )
+
+
+class ProblemGroupBuilder(EnvGroupBuilder):
+    """`group_size` attempts at one `SingleTurnProblem` (they form one advantage group)."""
+
+    def __init__(
+        self,
+        problem: SingleTurnProblem,
+        tokenizer: Any,
+        group_size: int,
+        tags: Sequence[str] = (),
+    ):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.problem = problem
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.tags = list(tags)
+
+    async def make_envs(self) -> Sequence[Env]:
+        return [ProblemEnv(self.problem, self.tokenizer) for _ in range(self.group_size)]
+
+    def logging_tags(self) -> list[str]:
+        return self.tags
+
+
+class WorldGroupBuilder(EnvGroupBuilder):
+    """`group_size` episodes of one world; `make_world` must build identical fresh worlds."""
+
+    def __init__(
+        self,
+        make_world: Callable[[], TextWorld],
+        tokenizer: Any,
+        group_size: int,
+        tags: Sequence[str] = (),
+        max_context_tokens: int | None = None,
+    ):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.make_world = make_world
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.tags = list(tags)
+        self.max_context_tokens = max_context_tokens
+
+    async def make_envs(self) -> Sequence[Env]:
+        return [
+            WorldEnv(self.make_world(), self.tokenizer, max_context_tokens=self.max_context_tokens)
+            for _ in range(self.group_size)
+        ]
+
+    def logging_tags(self) -> list[str]:
+        return self.tags
+
+
+class ProblemDataset(RLDataset):
+    """Batches of `ProblemGroupBuilder`s over a fixed list of problems, `batch_size` problems
+    per batch, in order (shuffle the list beforehand if needed). The last partial batch is
+    dropped so every step trains on the same number of groups.
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[SingleTurnProblem],
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        group_size: int,
+        tags: Sequence[str] = (),
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(problems) < batch_size:
+            raise ValueError(
+                f"ProblemDataset: {len(problems)} problems is fewer than one batch of {batch_size}"
+            )
+        self.problems = list(problems)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.tags = list(tags)
+
+    def __len__(self) -> int:
+        return len(self.problems) // self.batch_size
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} out of range for a dataset of {len(self)} batches")
+        chunk = self.problems[index * self.batch_size : (index + 1) * self.batch_size]
+        return [ProblemGroupBuilder(p, self.tokenizer, self.group_size, self.tags) for p in chunk]
