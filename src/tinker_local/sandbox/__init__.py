@@ -1,0 +1,20 @@
+"""Run model-written or data-provided Python safely: `await run_python(code, stdin=...)`.
+
+See `runner.py` (host side), `launcher.py` (isolation inside the child) and `guard.py` (the
+in-process audit hook). Guarantees: a separate process in its own session, wall-clock timeout,
+RLIMIT_CPU/AS/NPROC/FSIZE, no network, a fresh working folder as cwd and HOME, output capped,
+the whole process group (and, with namespaces, the whole PID namespace) killed at the end.
+"""
+
+from tinker_local.sandbox.isolation import detect_isolation
+from tinker_local.sandbox.result import SandboxResult
+from tinker_local.sandbox.runner import SandboxConfig, run_python, run_python_sync, set_concurrency
+
+__all__ = [
+    "SandboxConfig",
+    "SandboxResult",
+    "detect_isolation",
+    "run_python",
+    "run_python_sync",
+    "set_concurrency",
+]

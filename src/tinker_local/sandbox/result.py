@@ -1,0 +1,91 @@
+"""What a sandboxed run produced, and the one-line reason it failed."""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tinker_local.sandbox.runner import SandboxConfig
+
+SETUP_FAILED = 125  # the launcher's exit code when the sandbox could not be set up
+_GUARD_DENIAL = re.compile(r"sandbox: (.+?) is not allowed")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    ok: bool  # exited 0, in time, within the output cap
+    stdout: str
+    stderr: str
+    exit_code: int | None  # None when killed by a signal
+    timed_out: bool
+    reason: str  # "" when ok; otherwise why it failed, e.g. "timeout after 2.0s"
+    signal: int | None = None
+    isolation: str = ""  # "namespace" or "plain"
+    duration_s: float = 0.0
+
+
+def _signal_reason(sig: int, cfg: SandboxConfig) -> str:
+    if sig == signal.SIGXCPU:
+        return "cpu time limit"
+    if sig == signal.SIGXFSZ:
+        return f"file size limit ({cfg.file_size_bytes} bytes)"
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = str(sig)
+    return f"killed by signal {name}"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def failure_reason(
+    *, stderr: str, exit_code: int | None, signal_number: int | None, timed_out: bool,
+    output_exceeded: bool, config: SandboxConfig,
+) -> str:
+    """The most specific explanation first: our limits, then the guard, then the program."""
+    if exit_code == SETUP_FAILED and "sandbox setup failed" in stderr:
+        return _last_line(stderr)
+    if timed_out:
+        return f"timeout after {config.timeout_s:g}s wall clock"
+    if output_exceeded:
+        return f"output limit ({config.max_output_bytes} bytes per stream) exceeded"
+    if signal_number is not None:
+        return _signal_reason(signal_number, config)
+    if "MemoryError" in stderr:
+        return f"memory limit ({config.memory_bytes} bytes): MemoryError"
+    denial = _GUARD_DENIAL.search(stderr)
+    if denial:
+        return f"blocked: {denial.group(1)}"
+    if exit_code not in (0, None):
+        return f"exit code {exit_code}: {_last_line(stderr)}".rstrip(": ")
+    return ""
+
+
+def interpret(
+    *, stdout: bytes, stderr: bytes, exit_code: int | None, signal_number: int | None,
+    timed_out: bool, output_exceeded: bool, config: SandboxConfig, isolation: str,
+    duration_s: float,
+) -> SandboxResult:
+    err = stderr.decode("utf-8", errors="replace")
+    reason = failure_reason(
+        stderr=err, exit_code=exit_code, signal_number=signal_number, timed_out=timed_out,
+        output_exceeded=output_exceeded, config=config,
+    )
+    ok = exit_code == 0 and not timed_out and not output_exceeded and signal_number is None
+    return SandboxResult(
+        ok=ok,
+        stdout=stdout.decode("utf-8", errors="replace"),
+        stderr=err,
+        exit_code=exit_code,
+        timed_out=timed_out,
+        reason="" if ok else (reason or "failed"),
+        signal=signal_number,
+        isolation=isolation,
+        duration_s=duration_s,
+    )

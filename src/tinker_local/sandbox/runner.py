@@ -1,0 +1,296 @@
+"""Host side of the sandbox: stage files, start the launcher, enforce time and output limits.
+
+`run_python_sync` blocks; `run_python` is the async form for the RL loop. Both share one
+process-wide concurrency limit (`set_concurrency`), and sandboxed programs run at a raised nice
+level, so many rollouts can check code in parallel without starving the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinker_local.sandbox.isolation import detect_isolation
+from tinker_local.sandbox.result import SandboxResult, interpret
+
+_HERE = Path(__file__).resolve().parent
+_LAUNCHER = str(_HERE / "launcher.py")
+_GUARD_SOURCE = (_HERE / "guard.py").read_text()
+# Unprivileged uids for sandboxed programs (only used when we are root). One per concurrent run
+# of this process, so RLIMIT_NPROC, which counts per uid, is a per-sandbox limit.
+_UID_BASE = 0x30000 + (os.getpid() % 4096) * 64
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    timeout_s: float = 10.0  # wall clock, then the whole process group is killed
+    cpu_s: int | None = None  # RLIMIT_CPU; default: the wall-clock timeout rounded up, plus 1
+    memory_bytes: int = 1 << 30  # RLIMIT_AS
+    max_processes: int = 8  # RLIMIT_NPROC (threads count too)
+    file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE
+    disk_bytes: int = 64 << 20  # size of the tmpfs working folder and /tmp (namespace mode)
+    max_output_bytes: int = 1 << 20  # per stream; more is a failure ("output limit")
+    allow_subprocess: bool = False  # the Python guard refuses fork/exec/system unless True
+    python_guard: bool = True  # the audit-hook layer (always on in "plain" mode)
+    isolation: str = "auto"  # "auto" | "namespace" | "plain"
+    nice: int = 10
+
+
+_lock = threading.Lock()
+_limit = max(2, os.cpu_count() or 2)
+_slots: threading.BoundedSemaphore = threading.BoundedSemaphore(_limit)
+_free_uids: list[int] = list(range(_limit))
+_executor: ThreadPoolExecutor | None = None
+
+
+def set_concurrency(limit: int) -> None:
+    """How many sandboxed programs may run at once in this process (default: CPU count, >= 2)."""
+    global _limit, _slots, _free_uids, _executor
+    if limit < 1:
+        raise ValueError(f"sandbox concurrency must be >= 1, got {limit}")
+    with _lock:
+        _limit, _slots, _free_uids = limit, threading.BoundedSemaphore(limit), list(range(limit))
+        old, _executor = _executor, None
+    if old is not None:
+        old.shutdown(wait=False)
+
+
+def _acquire_uid() -> int:
+    with _lock:
+        return _UID_BASE + (_free_uids.pop() if _free_uids else 63)
+
+
+def _release_uid(uid: int) -> None:
+    with _lock:
+        slot = uid - _UID_BASE
+        if slot < _limit and slot not in _free_uids:
+            _free_uids.append(slot)
+
+
+def _stage(staging: Path, code: str, stdin: str, files: dict[str, str | bytes] | None) -> None:
+    work = staging / "files"
+    work.mkdir()
+    for rel, content in (files or {}).items():
+        path = (work / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(work.resolve()):
+            raise ValueError(f"sandbox file path must be relative and inside the folder: {rel!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    (work / "main.py").write_text(code)
+    (staging / "stdin").write_text(stdin)
+
+
+def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None) -> dict:
+    base_python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    python_dirs = sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)})
+    cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 1
+    return {
+        "mode": mode,
+        "staging": str(staging),
+        "uid": uid,
+        "gid": uid,
+        "python": base_python,
+        "python_dirs": python_dirs,
+        "disk_bytes": cfg.disk_bytes,
+        "nice": cfg.nice,
+        "main": "main.py",
+        "runner_source": _GUARD_SOURCE,
+        "limits": {
+            "cpu_s": cpu_s,
+            "memory_bytes": cfg.memory_bytes,
+            "file_size_bytes": cfg.file_size_bytes,
+            "nproc": _nproc_limit(cfg.max_processes, uid),
+        },
+        "guard": {
+            "enabled": cfg.python_guard or mode == "plain",
+            "allow_subprocess": cfg.allow_subprocess,
+            "read_roots": python_dirs + ["/dev/urandom", "/dev/random", "/dev/zero"],
+        },
+    }
+
+
+def _can_drop_privileges(mode: str) -> bool:
+    """Root runs programs as an unprivileged uid; in plain mode only if that uid can still
+    reach the interpreter (a pyenv Python under a 0700 /root can't be)."""
+    if os.geteuid() != 0:
+        return False
+    if mode == "namespace":
+        return True
+    path = Path(os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable))
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def _nproc_limit(max_processes: int, uid: int | None) -> int:
+    """RLIMIT_NPROC counts every process of the real uid; without our own uid, add the
+    processes this user already has so the limit still means 'this many new ones'."""
+    if uid is not None:
+        return max_processes
+    me = os.getuid()
+    count = 0
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == me:
+                count += 1
+        except OSError:
+            continue
+    return count + max_processes
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (so its pgid can't be reused yet)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _collect(proc: subprocess.Popen, cfg: SandboxConfig) -> tuple[bytes, bytes, bool, bool]:
+    """Read both pipes until EOF, the deadline, or the output cap. Returns stdout, stderr,
+    timed_out, output_exceeded. Leaves the process group killed."""
+    buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    sel = selectors.DefaultSelector()
+    for pipe in buffers:
+        sel.register(pipe, selectors.EVENT_READ)
+    deadline = time.monotonic() + cfg.timeout_s
+    exited_at: float | None = None
+    timed_out = exceeded = False
+    while sel.get_map():
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = True
+            break
+        if exited_at is None and _exited(proc.pid):
+            exited_at = now
+        elif exited_at is not None and now - exited_at > 0.5:
+            break  # a straggler (plain mode) still holds the pipes open
+        for key, _ in sel.select(timeout=min(0.05, deadline - now)):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            buf = buffers[key.fileobj]
+            buf += chunk
+            if len(buf) > cfg.max_output_bytes:
+                del buf[cfg.max_output_bytes :]
+                exceeded = True
+        if exceeded:
+            break
+    sel.close()
+    _kill_group(proc.pid)  # before reaping: the group id stays ours until then
+    proc.wait()
+    return bytes(buffers[proc.stdout]), bytes(buffers[proc.stderr]), timed_out, exceeded
+
+
+def run_python_sync(
+    code: str,
+    *,
+    stdin: str = "",
+    files: dict[str, str | bytes] | None = None,
+    config: SandboxConfig | None = None,
+) -> SandboxResult:
+    """Run `code` as `main.py` in a fresh sandbox with `files` beside it and `stdin` as input.
+
+    Never raises for anything the program does; bad arguments (an absolute file path) raise
+    ValueError.
+    """
+    cfg = config or SandboxConfig()
+    mode = detect_isolation() if cfg.isolation == "auto" else cfg.isolation
+    if mode not in ("namespace", "plain"):
+        raise ValueError(f"unknown sandbox isolation {cfg.isolation!r}")
+    staging = Path(tempfile.mkdtemp(prefix="tinker-local-sandbox-"))
+    uid = None
+    try:
+        _stage(staging, code, stdin, files)
+        with _slots:
+            uid = _acquire_uid() if _can_drop_privileges(mode) else None
+            if mode == "plain":
+                os.chmod(staging, 0o711)  # the unprivileged uid must reach files/
+            launch = json.dumps(_launch_config(cfg, mode, staging, uid))
+            started = time.monotonic()
+            with open(staging / "stdin", "rb") as stdin_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _LAUNCHER, launch],
+                    stdin=stdin_file,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd=staging,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                )
+            try:
+                out, err, timed_out, exceeded = _collect(proc, cfg)
+            finally:
+                if proc.poll() is None:
+                    _kill_group(proc.pid)
+                    proc.wait()
+            duration = time.monotonic() - started
+        status = _read_status(staging)
+        exit_code, sig = status if status else _decode_returncode(proc.returncode)
+        return interpret(
+            stdout=out, stderr=err, exit_code=exit_code, signal_number=sig,
+            timed_out=timed_out, output_exceeded=exceeded, config=cfg, isolation=mode,
+            duration_s=duration,
+        )
+    finally:
+        if uid is not None:
+            _release_uid(uid)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _read_status(staging: Path) -> tuple[int | None, int | None] | None:
+    try:
+        info = json.loads((staging / "status.json").read_text())
+        return info["exit_code"], info["signal"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _decode_returncode(code: int | None) -> tuple[int | None, int | None]:
+    if code is None:
+        return None, None
+    return (None, -code) if code < 0 else (code, None)
+
+
+def _get_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_limit, thread_name_prefix="sandbox")
+        return _executor
+
+
+async def run_python(
+    code: str,
+    *,
+    stdin: str = "",
+    files: dict[str, str | bytes] | None = None,
+    config: SandboxConfig | None = None,
+) -> SandboxResult:
+    """Async form of `run_python_sync`: waits in a queue of at most `set_concurrency` runners,
+    so awaiting hundreds of these at once is fine."""
+    call = functools.partial(run_python_sync, code, stdin=stdin, files=files, config=config)
+    return await asyncio.get_running_loop().run_in_executor(_get_executor(), call)
