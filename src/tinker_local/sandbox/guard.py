@@ -53,9 +53,9 @@ def _install(cfg: dict) -> None:
             deny("process creation", event)
         elif event in ("os.kill", "os.killpg") and args and args[0] != getpid():
             deny("signalling other processes", event)
-        elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
-            deny("ctypes", event)
-        elif event in ("ctypes.dlopen", "ctypes.cdata"):
+        elif event in ("ctypes.dlopen", "ctypes.cdata") or (
+            event == "import" and args and args[0] in ("ctypes", "_ctypes")
+        ):
             deny("ctypes", event)
         elif event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
@@ -68,9 +68,10 @@ def _install(cfg: dict) -> None:
             deny(f"listing {args[0]!r}", event)
         elif event in _WRITE_PATH_EVENTS and args and not inside(args[0], write_roots):
             deny(f"changing {args[0]!r}", event)
-        elif event == "os.rename" and len(args) >= 2:
-            if not (inside(args[0], write_roots) and inside(args[1], write_roots)):
-                deny(f"moving {args[0]!r}", event)
+        elif event == "os.rename" and len(args) >= 2 and not (
+            inside(args[0], write_roots) and inside(args[1], write_roots)
+        ):
+            deny(f"moving {args[0]!r}", event)
 
     sys.addaudithook(hook)
 
