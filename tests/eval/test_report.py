@@ -78,7 +78,7 @@ def test_figure_bars_and_whiskers_are_the_rates_and_intervals():
 
 def test_files_written_png_readable_transcripts_round_trip(tmp_path):
     transcripts = [
-        Transcript("sft", "sat", 0, 1, [{"role": "user", "content": "q"}], 1.0, {"valid": 1.0})
+        Transcript("sft", "sat", 0, 1, [{"observation": "q"}, {"action": "a", "reward": 1.0}], 1.0)
     ]
     paths = write_report(tmp_path, _models(), transcripts)
     image = imread(paths["plot"])

@@ -28,13 +28,18 @@ from tinker_local.eval.stats import (
 
 @dataclass
 class Transcript:
-    """One evaluated sample: the whole conversation, the score, and the verifier's metrics."""
+    """One evaluated episode as the model saw it, with its score and the verifier's metrics.
+
+    `turns` alternate what the model was shown and what it wrote, decoded from the exact token
+    ids (chat-template markup included): `{"observation": text}` then `{"action": text,
+    "reward": r}`, and so on; a multi-turn episode's later observations hold only the new text.
+    """
 
     model: str  # the label of the model evaluated
     task: str
     problem_index: int
     sample_index: int
-    messages: list[dict[str, str]]
+    turns: list[dict[str, Any]]
     score: float
     metrics: dict[str, float] = field(default_factory=dict)
 
