@@ -193,8 +193,9 @@ class WorldGroupBuilder(EnvGroupBuilder):
 
 class ProblemDataset(RLDataset):
     """Batches of `ProblemGroupBuilder`s over a fixed list of problems, `batch_size` problems
-    per batch, in order (shuffle the list beforehand if needed). The last partial batch is
-    dropped so every step trains on the same number of groups.
+    per batch, in order (shuffle the list beforehand if needed). With `drop_last` (the default,
+    for training) a partial last batch is dropped so every step trains on the same number of
+    groups; evaluation sets keep it.
     """
 
     def __init__(
@@ -205,10 +206,11 @@ class ProblemDataset(RLDataset):
         batch_size: int,
         group_size: int,
         tags: Sequence[str] = (),
+        drop_last: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if len(problems) < batch_size:
+        if drop_last and len(problems) < batch_size:
             raise ValueError(
                 f"ProblemDataset: {len(problems)} problems is fewer than one batch of {batch_size}"
             )
@@ -217,9 +219,12 @@ class ProblemDataset(RLDataset):
         self.batch_size = batch_size
         self.group_size = group_size
         self.tags = list(tags)
+        self.drop_last = drop_last
 
     def __len__(self) -> int:
-        return len(self.problems) // self.batch_size
+        if self.drop_last:
+            return len(self.problems) // self.batch_size
+        return (len(self.problems) + self.batch_size - 1) // self.batch_size
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < len(self):
