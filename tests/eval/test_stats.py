@@ -90,6 +90,16 @@ def test_summarize_graded_task_has_no_accuracy_and_negative_scores_are_not_succe
     assert stats.median == pytest.approx(0.25)
 
 
+def test_explicit_successes_override_the_score_rule():
+    # Shaped rewards: 0.1 is a well-formed wrong answer, 1.1 a right one.
+    stats = summarize("arith", [0.1, 1.1, 0.0, 0.1], successes=[False, True, False, False])
+    assert stats.successes == 1 and stats.accuracy == 0.25
+    assert stats.interval == jeffreys_interval(1, 4)
+    assert summarize("arith", [0.1, 1.1, 0.0, 0.1]).successes == 3  # the default rule
+    with pytest.raises(ValueError, match="success flags"):
+        summarize("arith", [1.0], successes=[True, False])
+
+
 def test_summarize_single_sample_and_errors():
     assert summarize("t", [1.0]).std == 0.0
     with pytest.raises(ValueError, match="no scores"):

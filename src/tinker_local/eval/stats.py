@@ -1,7 +1,10 @@
 """Evaluation statistics: per-task summaries, Jeffreys intervals, weighted aggregates, Pareto.
 
-A "success" is a strictly positive score. For the usual 0/1 verifier rewards that is the share
-of non-zero scores; scores that are negative (format penalties) never count as successes.
+A sample's "success" is, by default, a strictly positive score: for 0/1 verifier rewards that is
+the share of non-zero scores, and negative scores (penalties) never count. Tasks whose reward mixes
+correctness with shaping bonuses (0.1 for a well-formed wrong answer) should not be judged that
+way, so callers may pass the successes explicitly (the runner uses the verifier's `correct`
+metric when a task reports one).
 
 The interval for the success probability is the equal-tailed Jeffreys interval: the posterior
 under the Jeffreys prior Beta(1/2, 1/2) is Beta(1/2 + s, 1/2 + n - s), and the 80 % interval is
@@ -55,7 +58,8 @@ class TaskStats:
     median: float
     successes: int
     success_rate: float
-    # The mean when every score is exactly 0 or 1 (a binary task); None otherwise.
+    # Share correct: the success rate when successes were given explicitly (the verifier's
+    # verdict), else the mean when every score is exactly 0 or 1; None for graded tasks.
     accuracy: float | None
     interval: Interval  # Jeffreys interval for the success probability
 
@@ -69,8 +73,16 @@ class TaskStats:
         return TaskStats(**fields)
 
 
-def summarize(task: str, scores: Sequence[float], level: float = DEFAULT_LEVEL) -> TaskStats:
-    """Statistics of one task's scores (one score per sample)."""
+def summarize(
+    task: str,
+    scores: Sequence[float],
+    level: float = DEFAULT_LEVEL,
+    successes: Sequence[bool] | None = None,
+) -> TaskStats:
+    """Statistics of one task's scores (one score per sample).
+
+    `successes`, one per score, overrides the default success rule (score > 0).
+    """
     if not scores:
         raise ValueError(f"task {task!r} has no scores to summarize")
     values = [float(s) for s in scores]
@@ -78,19 +90,29 @@ def summarize(task: str, scores: Sequence[float], level: float = DEFAULT_LEVEL) 
         if not math.isfinite(value):
             raise ValueError(f"task {task!r} has a non-finite score {value!r}")
     n = len(values)
-    successes = sum(1 for v in values if is_success(v))
+    if successes is not None and len(successes) != n:
+        raise ValueError(f"task {task!r}: {len(successes)} success flags for {n} scores")
+    flags = (
+        [bool(x) for x in successes] if successes is not None else [is_success(v) for v in values]
+    )
+    n_success = sum(flags)
     mean = statistics.fmean(values)
-    binary = all(v in (0.0, 1.0) for v in values)
+    if successes is not None:
+        accuracy: float | None = n_success / n
+    elif all(v in (0.0, 1.0) for v in values):
+        accuracy = mean
+    else:
+        accuracy = None
     return TaskStats(
         task=task,
         n=n,
         mean=mean,
         std=statistics.stdev(values) if n > 1 else 0.0,
         median=statistics.median(values),
-        successes=successes,
-        success_rate=successes / n,
-        accuracy=mean if binary else None,
-        interval=jeffreys_interval(successes, n, level),
+        successes=n_success,
+        success_rate=n_success / n,
+        accuracy=accuracy,
+        interval=jeffreys_interval(n_success, n, level),
     )
 
 
