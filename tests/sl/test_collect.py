@@ -1,0 +1,83 @@
+"""SFT data collection keeps only what the tasks' own verifiers accept."""
+
+from __future__ import annotations
+
+import json
+
+from tinker_local.rl.types import Score, SingleTurnProblem, TextWorld, WorldStep
+from tinker_local.sl.collect import problem_record, world_record, write_collection
+from tinker_local.sl.data import load_conversations
+from tinker_local.tasks.arithmetic import make_problems
+
+
+class CountWorld(TextWorld):
+    """Say the next number until `target`; the expert counts correctly, `lazy` never finishes."""
+
+    max_turns = 5
+
+    def __init__(self, target: int, lazy: bool = False):
+        self.target, self.lazy, self.at = target, lazy, 0
+
+    def reset(self):
+        self.at = 0
+        return [{"role": "user", "content": f"Count from 1 to {self.target}, one number a turn."}]
+
+    def step(self, action: str) -> WorldStep:
+        if action.strip() == str(self.at + 1):
+            self.at += 1
+        done = self.at == self.target
+        return WorldStep(observation=f"at {self.at}", reward=1.0 if done else 0.0, done=done)
+
+    def expert_action(self) -> str:
+        return "wait" if self.lazy else str(self.at + 1)
+
+
+class WrongReference(SingleTurnProblem):
+    def messages(self):
+        return [{"role": "user", "content": "1 + 1?"}]
+
+    def score(self, answer: str) -> Score:
+        correct = answer.strip() == "2"
+        return Score(reward=float(correct), metrics={"correct": float(correct)})
+
+    def reference_answer(self) -> str:
+        return "3"
+
+
+def test_problem_records_are_verified():
+    problem = make_problems("train", 1, seed=0)[0]
+    record = problem_record(problem)
+    assert record["messages"][-1] == {"role": "assistant", "content": str(problem.result)}
+    assert record["messages"][:-1] == problem.messages()
+    assert "rejects" in problem_record(WrongReference())
+
+
+def test_world_records_follow_the_expert():
+    record = world_record(CountWorld(3))
+    assert [m["content"] for m in record["messages"] if m["role"] == "assistant"] == ["1", "2", "3"]
+    assert record["messages"][-1]["role"] == "assistant"  # ends on the winning action
+    assert record["reward"] == 1.0
+    assert "did not finish" in world_record(CountWorld(3, lazy=True))
+
+
+def test_collection_file_is_sft_data_and_counts_rejections(tmp_path):
+    out = tmp_path / "sft.jsonl"
+    counts = write_collection(
+        {
+            "arithmetic": make_problems("train", 4, seed=1),
+            "count": [lambda: CountWorld(2), lambda: CountWorld(4, lazy=True)],
+            "broken": [WrongReference()],
+        },
+        out,
+    )
+    assert counts["arithmetic"]["kept"] == 4
+    assert counts["count"] == {
+        "kept": 1,
+        "rejected": 1,
+        "reasons": {"the expert did not finish within max_turns=5": 1},
+    }
+    assert counts["broken"]["kept"] == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task"] for r in lines] == ["arithmetic"] * 4 + ["count"]
+    conversations = load_conversations(out)  # the SFT loader reads it back
+    assert len(conversations) == 5
