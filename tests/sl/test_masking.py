@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tinker_local.sl.data import DataError, to_datum
-from tinker_local.sl.train import render_examples
+from tinker_local.sl.data import DataError, render_examples, to_datum
 
 CHAT = {
     "messages": [

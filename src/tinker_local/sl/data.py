@@ -19,6 +19,8 @@ from typing import Any
 
 import tinker
 
+from tinker_local.rendering import render_supervised
+
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -228,3 +230,24 @@ def to_datum(example: Example, weight_scale: float = 1.0) -> tinker.Datum:
             "weights": [w * weight_scale for w in example.weights[1:]],
         },
     )
+
+
+def render_examples(
+    tokenizer: Any, sources: Sequence[str], split: str, max_length: int
+) -> tuple[list[Example], int]:
+    """Rendered, truncated examples; conversations with no assistant token left are dropped."""
+    conversations = [c for source in sources for c in load_conversations(source, split)]
+    examples, dropped = [], 0
+    for conversation in conversations:
+        tokens, weights = render_supervised(tokenizer, conversation.messages)
+        example = truncate(Example(tokens, weights, conversation.origin), max_length)
+        if example.n_target_tokens == 0:
+            dropped += 1  # the assistant turn lies beyond max_length
+            continue
+        examples.append(example)
+    if not examples:
+        raise DataError(
+            f"no usable examples in {list(sources)}: every assistant turn starts beyond "
+            f"max_length={max_length} tokens"
+        )
+    return examples, dropped
