@@ -1,0 +1,226 @@
+"""HTTP routes: the wire protocol of the official `tinker` SDK (0.38).
+
+Routes only parse and answer; what a call does lives in `training.py`, `sampling.py` and
+`sessions.py`. JSON bodies are validated with the SDK's own request types. Every refusal is a
+4xx with a JSON body `{"error": ..., "detail": ...}` naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from tinker import types
+
+from tinker_local.server import sampling, sessions, training
+from tinker_local.server.errors import ApiError
+from tinker_local.server.futures import FutureRecord, wait_for_result
+from tinker_local.server.service import Service
+
+logger = logging.getLogger("tinker_local.server")
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+# forward_backward bodies above this size are decoded off the event loop.
+_DECODE_INLINE_BYTES = 256 * 1024
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message}, status_code=status)
+
+
+def _validation_summary(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{where}: {err.get('msg')}")
+    more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return "; ".join(parts) + more
+
+
+async def _parse(request: Request, model: type[M], what: str) -> M:
+    raw = await request.body()
+    try:
+        data = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"{what}: request body is not valid JSON ({exc})") from exc
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ApiError(400, f"invalid {what} request: {_validation_summary(exc)}") from exc
+
+
+def _future_answer(record: FutureRecord, model_id: str | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"request_id": record.request_id}
+    if model_id is not None:
+        answer["model_id"] = model_id
+    return answer
+
+
+def create_app(svc: Service) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.get_running_loop().create_task(sessions.sweep_forever(svc))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+
+    app = FastAPI(title="tinker-local", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = svc
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(exc.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, f"tinker-local server error: {type(exc).__name__}: {exc}")
+
+    @app.middleware("http")
+    async def _check_api_key(request: Request, call_next: Any) -> Response:
+        expected = svc.settings.api_key
+        if expected is not None and request.headers.get("x-api-key") != expected:
+            return _error(401, "missing or wrong X-API-Key for this tinker-local server")
+        return await call_next(request)
+
+    # -- client start-up, health ----------------------------------------------------------------
+
+    @app.post("/api/v1/client/config")
+    async def client_config() -> dict[str, Any]:
+        return svc.settings.client_config_answer()
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def client_dynamic_config() -> dict[str, Any]:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities() -> dict[str, Any]:
+        names = await svc.call_engine(lambda engine: list(engine.available_models()))
+        return {
+            "supported_models": [
+                {"model_name": n, "trainable": True, "sampleable": True} for n in names
+            ]
+        }
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry(request: Request) -> dict[str, Any]:
+        # Accepted and dropped. Never an error: a failing /telemetry slows every SDK error path.
+        with contextlib.suppress(Exception):
+            await request.body()
+        return {"status": "accepted"}
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.CreateSessionRequest, "create_session")
+        return sessions.create_session(svc, req)
+
+    @app.post("/api/v1/session_heartbeat")
+    async def session_heartbeat(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SessionHeartbeatRequest, "session_heartbeat")
+        return sessions.heartbeat(svc, req)
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, request: Request) -> dict[str, Any]:
+        reason = "finished"
+        with contextlib.suppress(Exception):
+            reason = str(json.loads(await request.body())["reason"]["type"])
+        sessions.finish(svc, session_id, reason)
+        return {}
+
+    # -- training -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.CreateModelRequest, "create_model")
+        record = training.create_model(svc, req)
+        return _future_answer(record)
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.GetInfoRequest, "get_info")
+        return await training.get_info(svc, req)
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        encoding = request.headers.get("content-encoding")
+        if len(body) > _DECODE_INLINE_BYTES or encoding:
+            msg, data = await asyncio.to_thread(training.decode_forward_backward, body, encoding)
+        else:
+            msg, data = training.decode_forward_backward(body, encoding)
+        record = training.forward_backward(svc, msg, data)
+        return _future_answer(record, msg.model_id)
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.OptimStepRequest, "optim_step")
+        return _future_answer(training.optim_step(svc, req), req.model_id)
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SaveWeightsRequest, "save_weights")
+        return _future_answer(training.save_weights(svc, req), req.model_id)
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
+        return _future_answer(training.save_weights_for_sampler(svc, req), req.model_id)
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.LoadWeightsRequest, "load_weights")
+        return _future_answer(training.load_weights(svc, req), req.model_id)
+
+    # -- sampling -------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.CreateSamplingSessionRequest, "create_sampling_session")
+        return await sampling.create_sampling_session(svc, req)
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        return sampling.get_sampler(svc, sampler_id)
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SampleRequest, "asample")
+        return sampling.asample(svc, req)
+
+    # -- futures --------------------------------------------------------------------------------
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        req = await _parse(request, types.FutureRetrieveRequest, "retrieve_future")
+        record = svc.futures.get(req.request_id)
+        if record is None:
+            raise ApiError(404, f"unknown request_id {req.request_id!r} (did the server restart?)")
+        result = await wait_for_result(record, svc.settings.long_poll_s)
+        if result is None:
+            return JSONResponse(
+                {"type": "try_again", "request_id": record.request_id, "queue_state": "active"}
+            )
+        return Response(content=result.body, media_type=result.media_type)
+
+    return app

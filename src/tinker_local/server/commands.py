@@ -1,0 +1,126 @@
+"""`tinker-local serve` and `tinker-local run -- CMD...`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+
+from tinker_local import config
+from tinker_local.embedded import add_loopback_to_no_proxy
+from tinker_local.server.engine_api import EngineApi
+from tinker_local.server.runner import LocalServer, is_loopback
+from tinker_local.server.service import ServerSettings
+
+logger = logging.getLogger("tinker_local.server")
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default=None, help="torch device (default: best available)")
+    parser.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+
+def serve_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tinker-local serve",
+        description="Serve the Tinker API from this machine for the official tinker SDK.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--api-key", default=None, help="require this X-API-Key (must start with 'tml-')"
+    )
+    _engine_args(parser)
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    if args.api_key is not None and not args.api_key.startswith("tml-"):
+        parser.error("--api-key must start with 'tml-' (the SDK refuses other keys)")
+    if not is_loopback(args.host) and args.api_key is None:
+        logger.warning(
+            "serving on %s without --api-key: anyone who can reach this port can train and "
+            "sample on this machine",
+            args.host,
+        )
+    settings = ServerSettings(api_key=args.api_key)
+    try:
+        server = LocalServer(
+            EngineApi.real(device=args.device, dtype=args.dtype), settings, args.host, args.port
+        )
+    except OSError as exc:
+        print(
+            f"tinker-local serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
+    key = args.api_key or config.LOCAL_API_KEY
+    print(
+        f"tinker-local serving at {server.base_url}\n"
+        "Point the official SDK (or any hosted-Tinker script) at it:\n"
+        f"  export TINKER_BASE_URL={server.base_url}\n"
+        f"  export TINKER_API_KEY={key}\n"
+        f"  export NO_PROXY=127.0.0.1,localhost\n"
+        "or in Python: tinker.ServiceClient(base_url=..., api_key=...). Ctrl-C stops.",
+        flush=True,
+    )
+    server.run_forever()
+    return 0
+
+
+def child_environment(base_url: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    child = dict(os.environ if env is None else env)
+    child["TINKER_BASE_URL"] = base_url
+    child["TINKER_API_KEY"] = config.LOCAL_API_KEY
+    child["TINKER_TELEMETRY"] = "0"
+    add_loopback_to_no_proxy(child)
+    return child
+
+
+def run_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tinker-local run",
+        usage="tinker-local run [--device D] [--dtype T] -- COMMAND [ARGS...]",
+        description="Run an unmodified hosted-Tinker script against a local server started for "
+        "it (sets TINKER_BASE_URL, TINKER_API_KEY, NO_PROXY, TINKER_TELEMETRY=0 for the child).",
+    )
+    _engine_args(parser)
+    if "--" in argv:
+        split = argv.index("--")
+        ours, command = argv[:split], argv[split + 1 :]
+    else:
+        ours, command = [], argv
+    args = parser.parse_args(ours)
+    if not command:
+        parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
+    _setup_logging(args.log_level)
+    server = LocalServer(EngineApi.real(device=args.device, dtype=args.dtype)).start()
+    logger.info("tinker-local server for the child at %s", server.base_url)
+    try:
+        child = subprocess.Popen(command, env=child_environment(server.base_url))
+    except OSError as exc:
+        server.stop()
+        print(f"tinker-local run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    interrupts = 0
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:
+                # The child got the same Ctrl-C (same process group): let it wind down; a
+                # second Ctrl-C terminates it.
+                interrupts += 1
+                if interrupts > 1:
+                    child.terminate()
+    finally:
+        server.stop()
+    # Like a shell: a child killed by signal N exits 128 + N.
+    return code if code >= 0 else 128 - code

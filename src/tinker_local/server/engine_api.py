@@ -1,0 +1,39 @@
+"""The few engine-side types the server builds, gathered in one place.
+
+The server talks to `tinker_local.engine.engine.Engine` only through the facade in
+docs/internals.md. Besides the engine object it needs three engine types: `LoraSpec` (to create
+a model), `SampleRequest` (to queue a sample) and `read_checkpoint_meta` (to create a model
+from a checkpoint). `EngineApi.real()` takes them from the engine package; tests can hand the
+server a fake engine with matching types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineApi:
+    # () -> engine; called on the worker thread.
+    make_engine: Callable[[], Any]
+    # LoraSpec(rank=, seed=, train_mlp=, train_attn=, train_unembed=)
+    lora_spec: Callable[..., Any]
+    # SampleRequest(sampler_id=, prompt=, sampling_params=, num_samples=, prompt_logprobs=,
+    #               topk_prompt_logprobs=)
+    sample_request: Callable[..., Any]
+    # directory -> CheckpointMeta with `.base_model` and `.lora` (a LoraSpec)
+    read_checkpoint_meta: Callable[[Path], Any]
+
+    @staticmethod
+    def real(*, device: str | None = None, dtype: str | None = None) -> EngineApi:
+        from tinker_local.engine import engine as engine_module
+
+        return EngineApi(
+            make_engine=lambda: engine_module.Engine(device=device, dtype=dtype),
+            lora_spec=engine_module.LoraSpec,
+            sample_request=engine_module.SampleRequest,
+            read_checkpoint_meta=engine_module.Engine.read_checkpoint_meta,
+        )

@@ -1,0 +1,39 @@
+"""The two ways the server says no.
+
+- `ApiError`: the HTTP request itself is refused (malformed body, unknown id). It becomes a
+  4xx response with a JSON body naming the problem. Never a bare 400: the SDK takes an empty
+  400 for a proxy hiccup and retries it for minutes.
+- `UserError`: the request was accepted (it holds a seq_id slot) but its content is wrong. It
+  becomes the future's `{"error": ..., "category": "user"}` result, which the SDK raises as
+  `RequestFailedError` while the training client stays usable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("tinker_local.server")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class UserError(Exception):
+    category = "user"
+
+
+def error_category(exc: BaseException) -> str:
+    """ "user" for bad input (ours or the engine's EngineError), "server" for everything else."""
+    category = getattr(exc, "category", None)
+    return "user" if category == "user" else "server"
+
+
+def error_message(exc: BaseException) -> str:
+    if error_category(exc) == "user":
+        return str(exc) or type(exc).__name__
+    # Our own failures keep the exception type: it is what a bug report needs.
+    return f"{type(exc).__name__}: {exc}"

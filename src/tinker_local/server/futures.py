@@ -1,0 +1,127 @@
+"""Futures the SDK polls with `retrieve_future`.
+
+Every asynchronous call answers `{"request_id": ...}` at once; the work resolves a
+`concurrent.futures.Future[WireResult]` later (usually on the engine worker thread). A
+`WireResult` is already encoded for the wire, so `retrieve_future` only sends bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinker_local.server.errors import error_category, error_message
+
+logger = logging.getLogger("tinker_local.server")
+
+JSON = "application/json"
+PROTOBUF = "application/x-protobuf"
+
+# Finished futures are kept this long after they finish, so a poll retried after a network
+# error still finds its result, then dropped (the SDK never asks twice once it has it).
+KEEP_FINISHED_S = 15 * 60
+# Hard cap on remembered futures; the oldest finished ones go first.
+MAX_FUTURES = 20_000
+
+
+@dataclass(frozen=True)
+class WireResult:
+    body: bytes
+    media_type: str
+
+
+def json_result(payload: dict[str, Any]) -> WireResult:
+    return WireResult(json.dumps(payload).encode(), JSON)
+
+
+def failure_result(exc: BaseException) -> WireResult:
+    category = error_category(exc)
+    message = error_message(exc)
+    if category == "server":
+        logger.error("request failed with a server error", exc_info=exc)
+    return json_result({"error": message, "category": category})
+
+
+def user_failure(message: str) -> WireResult:
+    return json_result({"error": message, "category": "user"})
+
+
+@dataclass
+class FutureRecord:
+    request_id: str
+    kind: str
+    future: concurrent.futures.Future[WireResult]
+    # The same result seen from the server's event loop, for long-polling without threads.
+    waiter: asyncio.Future[WireResult]
+    created_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+
+
+class FutureStore:
+    """request_id -> FutureRecord. Used only from the server's event loop."""
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[str, FutureRecord] = OrderedDict()
+
+    def create(self, kind: str) -> FutureRecord:
+        loop = asyncio.get_running_loop()
+        future: concurrent.futures.Future[WireResult] = concurrent.futures.Future()
+        record = FutureRecord(
+            request_id=f"req-{uuid.uuid4().hex}",
+            kind=kind,
+            future=future,
+            waiter=asyncio.wrap_future(future, loop=loop),
+        )
+        record.waiter.add_done_callback(lambda _: _mark_finished(record))
+        self._records[record.request_id] = record
+        self._sweep()
+        return record
+
+    def resolved(self, kind: str, result: WireResult) -> FutureRecord:
+        record = self.create(kind)
+        record.future.set_result(result)
+        return record
+
+    def get(self, request_id: str) -> FutureRecord | None:
+        return self._records.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        expired = [
+            rid
+            for rid, rec in self._records.items()
+            if rec.finished_at is not None and now - rec.finished_at > KEEP_FINISHED_S
+        ]
+        for rid in expired:
+            del self._records[rid]
+        if len(self._records) > MAX_FUTURES:
+            finished = [rid for rid, rec in self._records.items() if rec.finished_at is not None]
+            for rid in finished[: len(self._records) - MAX_FUTURES]:
+                del self._records[rid]
+
+
+def _mark_finished(record: FutureRecord) -> None:
+    record.finished_at = time.monotonic()
+
+
+async def wait_for_result(record: FutureRecord, timeout_s: float) -> WireResult | None:
+    """The result, or None if it is still pending after `timeout_s` (the caller says try_again).
+
+    `asyncio.wait` never cancels what it waits on, so a client that hangs up mid-poll cannot
+    cancel the work.
+    """
+    if not record.waiter.done():
+        await asyncio.wait([record.waiter], timeout=timeout_s)
+    if not record.waiter.done():
+        return None
+    return record.waiter.result()

@@ -1,0 +1,80 @@
+"""`tinker://{run_id}/{weights|sampler_weights}/{name}` <-> folders under the checkpoints dir.
+
+A run id is a training model id (`{session_id}:train:{n}`), so ':' is allowed there; checkpoint
+names are plain file names. Nothing a client sends can point outside the checkpoints folder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tinker_local import config
+from tinker_local.server.errors import ApiError
+
+CheckpointKind = Literal["weights", "sampler_weights"]
+KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
+SCHEME = "tinker://"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+
+
+def check_name(name: str, what: str = "checkpoint name") -> str:
+    """Reject names that could escape the folder or surprise a file system."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+        raise ApiError(
+            400,
+            f"invalid {what} {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ - "
+            "(no '/', no '..')",
+        )
+    return name
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID_RE.match(run_id) or run_id in (".", ".."):
+        raise ApiError(400, f"invalid run id {run_id!r} in tinker path")
+    return run_id
+
+
+@dataclass(frozen=True)
+class CheckpointPath:
+    run_id: str
+    kind: CheckpointKind
+    name: str
+
+    @property
+    def uri(self) -> str:
+        return f"{SCHEME}{self.run_id}/{self.kind}/{self.name}"
+
+    def directory(self, root: Path | None = None) -> Path:
+        base = root if root is not None else config.checkpoints_dir()
+        return base / self.run_id / self.kind / self.name
+
+
+def parse_uri(uri: str) -> CheckpointPath:
+    """Parse and validate a `tinker://` checkpoint path (raises a 400 ApiError)."""
+    if not isinstance(uri, str) or not uri.startswith(SCHEME):
+        raise ApiError(400, f"checkpoint path must start with 'tinker://', got {uri!r}")
+    parts = uri[len(SCHEME) :].split("/")
+    if len(parts) != 3:
+        raise ApiError(
+            400,
+            f"checkpoint path {uri!r} must look like "
+            "tinker://RUN_ID/weights/NAME or tinker://RUN_ID/sampler_weights/NAME",
+        )
+    run_id, kind, name = parts
+    if kind not in KINDS:
+        raise ApiError(400, f"checkpoint path {uri!r}: kind must be 'weights' or 'sampler_weights'")
+    return CheckpointPath(check_run_id(run_id), kind, check_name(name))  # type: ignore[arg-type]
+
+
+def existing_checkpoint(uri: str, root: Path | None = None) -> tuple[CheckpointPath, Path]:
+    """Parse `uri` and require its folder to exist (404 otherwise)."""
+    path = parse_uri(uri)
+    directory = path.directory(root)
+    if not directory.is_dir():
+        raise ApiError(404, f"checkpoint {uri!r} not found (looked in {directory})")
+    return path, directory

@@ -1,0 +1,106 @@
+"""Start the server: the engine worker, then uvicorn on a socket, in this thread or another.
+
+The server always runs its own event loop. Calling the synchronous SDK from a coroutine on the
+loop that serves it would deadlock, so an embedded server gets a thread of its own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+
+from tinker_local.server.app import create_app
+from tinker_local.server.engine_api import EngineApi
+from tinker_local.server.service import ServerSettings, Service
+
+logger = logging.getLogger("tinker_local.server")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class LocalServer:
+    """A tinker-local server: engine worker + uvicorn, with start/stop."""
+
+    def __init__(
+        self,
+        api: EngineApi,
+        settings: ServerSettings | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.service = Service(api, settings)
+        self.host = host
+        self._sock = bind_socket(host, port)
+        self.port = int(self._sock.getsockname()[1])
+        config = uvicorn.Config(
+            create_app(self.service),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def run_forever(self) -> None:
+        """Serve in this thread until interrupted (uvicorn handles Ctrl-C)."""
+        self.service.start_worker()
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self.service.stop()
+
+    def start(self, timeout_s: float = 600.0) -> LocalServer:
+        """Serve from a background thread; returns once requests are answered."""
+        self.service.start_worker(timeout_s)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._sock]},
+            name="tinker-local-http",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive():
+                self.service.stop()
+                raise RuntimeError("the tinker-local HTTP server failed to start (see log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the tinker-local HTTP server did not start within 30 s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        self.service.stop()
+        self._sock.close()

@@ -1,0 +1,157 @@
+"""Sampling calls: create_sampling_session, GET samplers/{id}, asample."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from tinker import types
+
+from tinker_local.server import paths, wire
+from tinker_local.server.errors import ApiError, error_category, error_message
+from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
+from tinker_local.server.service import Service
+from tinker_local.server.state import Sampler, remember, sampler_id
+
+# Sampling options of the hosted API that the local engine does not implement.
+_UNSUPPORTED = (
+    ("topk_sample_logprobs", lambda r: r.topk_sample_logprobs > 0),
+    ("target_prompt_logprobs", lambda r: r.target_prompt_logprobs is not None),
+    ("prompt_alt_tokens_k", lambda r: r.prompt_alt_tokens_k > 0),
+    ("record_stability_info", lambda r: bool(r.record_stability_info)),
+)
+
+
+async def create_sampling_session(
+    svc: Service, req: types.CreateSamplingSessionRequest
+) -> dict[str, Any]:
+    session = svc.state.session(req.session_id)
+    new_id = sampler_id(session.session_id, req.sampling_session_seq_id)
+    if new_id in svc.state.samplers:
+        return _session_answer(new_id)
+    task = svc.state.sampler_creations.get(new_id)
+    if task is None:  # not a retry of a creation still in flight
+        task = svc.spawn(_create_sampler(svc, new_id, session.session_id, req))
+        svc.state.sampler_creations[new_id] = task
+        task.add_done_callback(lambda _: svc.state.sampler_creations.pop(new_id, None))
+    await asyncio.shield(task)
+    return _session_answer(new_id)
+
+
+def _session_answer(new_id: str) -> dict[str, Any]:
+    return {"type": "create_sampling_session", "sampling_session_id": new_id}
+
+
+async def _create_sampler(
+    svc: Service, new_id: str, session_id: str, req: types.CreateSamplingSessionRequest
+) -> Sampler:
+    adapter_dir: Path | None = None
+    if req.model_path:
+        _path, adapter_dir = paths.existing_checkpoint(
+            req.model_path, svc.settings.checkpoints_dir()
+        )
+    elif not req.base_model:
+        raise ApiError(400, "create_sampling_session needs a model_path or a base_model")
+
+    def job(engine: Any) -> Any:
+        if adapter_dir is not None:
+            return engine.create_sampler(new_id, adapter_dir=adapter_dir)
+        return engine.create_sampler(new_id, base_model=req.base_model)
+
+    try:
+        base_model = await svc.call_engine(job)
+    except Exception as exc:
+        if error_category(exc) == "user":
+            raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
+        raise
+    sampler = Sampler(new_id, session_id, str(base_model), req.model_path)
+    svc.state.samplers[new_id] = sampler
+    svc.state.session(session_id, live=False).sampler_ids.append(new_id)
+    return sampler
+
+
+def get_sampler(svc: Service, sampler_id_: str) -> dict[str, Any]:
+    sampler = svc.state.sampler(sampler_id_)
+    return {
+        "sampler_id": sampler.sampler_id,
+        "base_model": sampler.base_model,
+        "model_path": sampler.model_path,
+    }
+
+
+def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
+    tokens: list[int] = []
+    for i, chunk in enumerate(prompt.chunks):
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise ApiError(
+                400,
+                f"prompt chunk {i} is {type(chunk).__name__}; tinker-local only samples from "
+                "token chunks",
+            )
+        tokens.extend(int(t) for t in chunk.tokens)
+    return tokens
+
+
+def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
+    for name, used in _UNSUPPORTED:
+        if used(req):
+            raise ApiError(400, f"sampling option {name} is not supported by tinker-local")
+    if req.num_samples < 1:
+        raise ApiError(400, f"num_samples must be >= 1, got {req.num_samples}")
+    if not prompt:
+        raise ApiError(400, "the prompt is empty")
+    if req.topk_prompt_logprobs < 0:
+        raise ApiError(400, f"topk_prompt_logprobs must be >= 0, got {req.topk_prompt_logprobs}")
+    last_n = req.prompt_logprobs_last_n
+    if last_n is not None:
+        if not req.prompt_logprobs:
+            raise ApiError(400, "prompt_logprobs_last_n needs prompt_logprobs")
+        if not 1 <= last_n <= len(prompt) - 1:
+            raise ApiError(
+                400, f"prompt_logprobs_last_n must be between 1 and {len(prompt) - 1}, got {last_n}"
+            )
+
+
+def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
+    if req.sampling_session_id is None or req.seq_id is None:
+        raise ApiError(
+            400, "asample needs sampling_session_id and seq_id (create a SamplingClient first)"
+        )
+    sampler = svc.state.sampler(req.sampling_session_id)
+    known = sampler.answers_by_seq.get(req.seq_id)
+    if known is not None and svc.futures.get(known["request_id"]) is not None:
+        return known  # a retry of a sample we already have
+    prompt = _prompt_tokens(req.prompt)
+    _check_sample_request(req, prompt)
+    engine_request = svc.api.sample_request(
+        sampler_id=sampler.sampler_id,
+        prompt=prompt,
+        sampling_params=req.sampling_params,
+        num_samples=req.num_samples,
+        prompt_logprobs=bool(req.prompt_logprobs),
+        topk_prompt_logprobs=req.topk_prompt_logprobs,
+    )
+    num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
+
+    def finish(answer: Any) -> WireResult:
+        if isinstance(answer, BaseException):
+            return failure_result(answer)
+        if len(answer.sequences) != num_samples:
+            raise RuntimeError(
+                f"engine returned {len(answer.sequences)} sequences for num_samples={num_samples}"
+            )
+        return WireResult(
+            wire.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
+        )
+
+    record = svc.futures.create("sample")
+    svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
+    answer = {
+        "request_id": record.request_id,
+        "sample_sequence_ids": [
+            f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)
+        ],
+    }
+    remember(sampler.answers_by_seq, req.seq_id, answer)
+    return answer

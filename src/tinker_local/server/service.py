@@ -1,0 +1,181 @@
+"""The server's core: state, futures and the engine worker, plus the plumbing every call uses.
+
+Routes (`app.py`) parse HTTP; the call handlers (`training.py`, `sampling.py`, `sessions.py`)
+decide what to run; this module runs it: in seq_id order for a training model, on the engine
+worker thread, and turns the outcome into a future result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinker_local import config
+from tinker_local.server.engine_api import EngineApi
+from tinker_local.server.errors import ApiError, UserError
+from tinker_local.server.futures import (
+    FutureRecord,
+    FutureStore,
+    WireResult,
+    failure_result,
+    user_failure,
+)
+from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
+from tinker_local.server.state import ServerState, TrainingModel, remember
+from tinker_local.server.worker import EngineWorker
+
+logger = logging.getLogger("tinker_local.server")
+
+# What /api/v1/client/config answers. Plain httpx rather than pyqwest: on loopback it is as
+# fast, and it is the transport every SDK call already falls back to. Compression is off:
+# zstd costs CPU and saves nothing on loopback (compressed bodies are still accepted).
+DEFAULT_CLIENT_CONFIG: dict[str, Any] = {
+    "use_pyqwest_transport": False,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+    "parallel_fwdbwd_chunks": True,
+}
+
+
+@dataclass
+class ServerSettings:
+    # Overrides on top of DEFAULT_CLIENT_CONFIG (e.g. a small fwdbwd_max_chunk_len in tests).
+    # Read on every /client/config call, so changing it affects clients created afterwards.
+    client_config: dict[str, Any] = field(default_factory=dict)
+    # How long retrieve_future holds a pending request before answering try_again. The SDK's
+    # own timeout for that call is 45 s.
+    long_poll_s: float = 20.0
+    # How long a forward_backward waits for a missing earlier seq_id (see sequencer.py).
+    gap_wait_s: float = DEFAULT_GAP_WAIT_S
+    # Sessions silent for this long (no heartbeat; the SDK sends one every 10 s) are finished
+    # and their models and samplers unloaded.
+    session_timeout_s: float = 600.0
+    # Where tinker:// paths live; None means config.checkpoints_dir().
+    checkpoints_root: Path | None = None
+    # When set, requests must carry this X-API-Key.
+    api_key: str | None = None
+
+    def client_config_answer(self) -> dict[str, Any]:
+        return {**DEFAULT_CLIENT_CONFIG, **self.client_config}
+
+    def checkpoints_dir(self) -> Path:
+        if self.checkpoints_root is None:
+            return config.checkpoints_dir()
+        self.checkpoints_root.mkdir(parents=True, exist_ok=True)
+        return self.checkpoints_root
+
+
+class Service:
+    def __init__(self, api: EngineApi, settings: ServerSettings | None = None) -> None:
+        self.api = api
+        self.settings = settings or ServerSettings()
+        self.state = ServerState()
+        self.futures = FutureStore()
+        self.worker = EngineWorker(api.make_engine)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start_worker(self, timeout_s: float | None = None) -> None:
+        self.worker.start(timeout_s)
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+    # -- running things -----------------------------------------------------------------------
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run a coroutine in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def call_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the worker and wait for it (for calls that answer directly)."""
+        return await asyncio.wrap_future(self.worker.submit(fn))
+
+    def resolve_from_job(
+        self,
+        record: FutureRecord,
+        job: concurrent.futures.Future[Any],
+        on_loop: Callable[[Any], WireResult] | None = None,
+    ) -> None:
+        """When `job` ends, resolve `record`: with `on_loop(value)` (run on the event loop, for
+        results that update server state) or with the job's own WireResult."""
+        if on_loop is None:
+            job.add_done_callback(lambda done: _copy_outcome(done, record))
+            return
+
+        async def finish() -> None:
+            try:
+                value = await asyncio.wrap_future(job)
+                result = on_loop(value)
+            except Exception as exc:  # noqa: BLE001 - becomes the future's error
+                result = failure_result(exc)
+            record.future.set_result(result)
+
+        self.spawn(finish())
+
+    def submit_ordered(
+        self,
+        model: TrainingModel,
+        seq_id: int | None,
+        kind: str,
+        prepare: Callable[[], Callable[[Any], Any]],
+        *,
+        is_forward_backward: bool = False,
+        on_loop: Callable[[Any], WireResult] | None = None,
+    ) -> FutureRecord:
+        """Accept a request in model's seq_id order and return its future.
+
+        `prepare()` validates the request and returns the job to run on the worker. If it
+        raises, the request still takes its seq_id slot (so later requests are not held up)
+        and its future fails with a user error.
+        """
+        if seq_id is None or seq_id < 1:
+            raise ApiError(400, f"{kind} request for model {model.model_id} needs seq_id >= 1")
+        known = model.requests_by_seq.get(seq_id)
+        if known is not None and (record := self.futures.get(known)) is not None:
+            return record  # a retry of a request we already have
+        record = self.futures.create(kind)
+        remember(model.requests_by_seq, seq_id, record.request_id)
+        try:
+            job_fn: Callable[[Any], Any] | None = prepare()
+        except (ApiError, UserError) as exc:
+            record.future.set_result(user_failure(_message(exc)))
+            job_fn = None
+
+        def release() -> None:
+            if job_fn is not None:
+                self.resolve_from_job(record, self.worker.submit(job_fn), on_loop)
+
+        try:
+            model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=release)
+        except Late as exc:
+            if not record.future.done():
+                record.future.set_result(user_failure(str(exc)))
+        return record
+
+
+def _message(exc: Exception) -> str:
+    return exc.message if isinstance(exc, ApiError) else str(exc)
+
+
+def _copy_outcome(job: concurrent.futures.Future[Any], record: FutureRecord) -> None:
+    exc = job.exception()
+    if exc is not None:
+        result = failure_result(exc)
+    else:
+        result = job.result()
+        if not isinstance(result, WireResult):
+            result = failure_result(RuntimeError(f"job returned {type(result).__name__}"))
+    try:
+        record.future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        logger.debug("future %s was already resolved", record.request_id)

@@ -1,0 +1,97 @@
+"""Session calls, and the clean-up of sessions that finished or went silent.
+
+A finished or silent session's training models and samplers are unloaded from the engine, so
+a long-running server does not keep every LoRA adapter it ever trained in memory. Checkpoints
+on disk stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from tinker import types
+
+from tinker_local.server.service import Service
+from tinker_local.server.state import Session
+
+logger = logging.getLogger("tinker_local.server")
+
+SWEEP_EVERY_S = 30.0
+
+
+def create_session(svc: Service, req: types.CreateSessionRequest) -> dict[str, Any]:
+    session = svc.state.new_session(req.user_metadata)
+    logger.info("session %s created (sdk %s)", session.session_id, req.sdk_version)
+    return {"type": "create_session", "session_id": session.session_id}
+
+
+def heartbeat(svc: Service, req: types.SessionHeartbeatRequest) -> dict[str, Any]:
+    session = svc.state.session(req.session_id)  # 410 once finished: the SDK stops beating
+    session.last_seen = time.monotonic()
+    return {"type": "session_heartbeat"}
+
+
+def finish(svc: Service, session_id: str, reason: str) -> None:
+    session = svc.state.session(session_id, live=False)
+    if session.finished is None:  # first finish wins
+        _finish(svc, session, reason)
+
+
+def _finish(svc: Service, session: Session, reason: str) -> None:
+    session.finished = reason
+    model_ids = list(session.model_ids)
+    sampler_ids = list(session.sampler_ids)
+    for model_id in model_ids:
+        model = svc.state.models.pop(model_id, None)
+        if model is not None:
+            model.sequencer.close()
+    for sid in sampler_ids:
+        svc.state.samplers.pop(sid, None)
+
+    def unload(engine: Any) -> None:
+        # Queued behind the session's own work, so nothing is unloaded mid-request.
+        for model_id in model_ids:
+            _quietly(engine.unload_model, model_id)
+        for sid in sampler_ids:
+            _quietly(engine.unload_sampler, sid)
+
+    if model_ids or sampler_ids:
+        svc.worker.submit(unload)
+    logger.info(
+        "session %s finished (%s): unloaded %d models, %d samplers",
+        session.session_id,
+        reason,
+        len(model_ids),
+        len(sampler_ids),
+    )
+
+
+def _quietly(fn: Any, name: str) -> None:
+    try:
+        fn(name)
+    except Exception as exc:  # noqa: BLE001 - already gone is fine
+        logger.debug("unloading %s: %s", name, exc)
+
+
+def expire_silent_sessions(svc: Service, now: float | None = None) -> list[str]:
+    now = time.monotonic() if now is None else now
+    expired = [
+        s
+        for s in svc.state.sessions.values()
+        if s.finished is None and now - s.last_seen > svc.settings.session_timeout_s
+    ]
+    for session in expired:
+        _finish(svc, session, f"no heartbeat for {svc.settings.session_timeout_s:g}s")
+    return [s.session_id for s in expired]
+
+
+async def sweep_forever(svc: Service) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_EVERY_S)
+        try:
+            expire_silent_sessions(svc)
+        except Exception:
+            logger.exception("session sweep failed")

@@ -1,0 +1,117 @@
+"""Sessions, training models and samplers the server knows about, and their ids.
+
+Everything here is read and written on the server's event loop only. Engine-side status that a
+worker job must see (`TrainingModel.creation_error`) is written by worker jobs only, which run
+one at a time in queue order, so later jobs for the same model always see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinker_local.server.errors import ApiError
+from tinker_local.server.futures import FutureRecord
+from tinker_local.server.sequencer import SeqSequencer
+
+
+def new_session_id() -> str:
+    # Checkpoint folders are named after model ids, which start with the session id: it must
+    # not repeat across server restarts, and must hold no '/' or ':'.
+    return uuid.uuid4().hex[:16]
+
+
+def training_model_id(session_id: str, model_seq_id: int) -> str:
+    # The SDK derives this same id itself when it creates a model from a checkpoint.
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def sampler_id(session_id: str, sampling_session_seq_id: int) -> str:
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+# Retries come within minutes of the original request; remembering the last few thousand
+# seq_ids per model or sampler is plenty, and keeps week-long runs from growing without end.
+REMEMBERED_SEQ_IDS = 10_000
+
+
+def remember(table: dict[int, Any], seq_id: int, value: Any) -> None:
+    table[seq_id] = value
+    while len(table) > REMEMBERED_SEQ_IDS:
+        del table[next(iter(table))]
+
+
+@dataclass
+class Session:
+    session_id: str
+    user_metadata: dict[str, Any] | None = None
+    created_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    finished: str | None = None  # the finish reason, once finished
+    model_ids: list[str] = field(default_factory=list)
+    sampler_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainingModel:
+    model_id: str
+    session_id: str
+    base_model: str
+    sequencer: SeqSequencer
+    # The create_model (or create-via-load) future; retries of the creation get it again.
+    creation: FutureRecord
+    # Resolved once the creation job ends: the GetInfoResponse body, or None if it failed.
+    ready: asyncio.Future[dict[str, Any] | None]
+    user_metadata: dict[str, Any] | None = None
+    created_at: float = field(default_factory=time.time)
+    # seq_id -> request_id, so a retried request gets the future of the first one.
+    requests_by_seq: dict[int, str] = field(default_factory=dict)
+    # Set by the worker when the engine failed to build the model (see module doc).
+    creation_error: str | None = None
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    session_id: str
+    base_model: str
+    model_path: str | None
+    # seq_id -> asample answer, so a retried sample gets the future of the first one.
+    answers_by_seq: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class ServerState:
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, TrainingModel] = {}
+        self.samplers: dict[str, Sampler] = {}
+        # Sampler creations in flight, so a retried create_sampling_session waits for the same.
+        self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
+
+    def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
+        session = Session(new_session_id(), user_metadata)
+        self.sessions[session.session_id] = session
+        return session
+
+    def session(self, session_id: str, *, live: bool = True) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ApiError(404, f"unknown session_id {session_id!r} (did the server restart?)")
+        if live and session.finished is not None:
+            raise ApiError(410, f"session {session_id!r} has finished ({session.finished})")
+        return session
+
+    def model(self, model_id: str) -> TrainingModel:
+        model = self.models.get(model_id)
+        if model is None:
+            raise ApiError(404, f"unknown model_id {model_id!r}")
+        return model
+
+    def sampler(self, sampler_id_: str) -> Sampler:
+        sampler = self.samplers.get(sampler_id_)
+        if sampler is None:
+            raise ApiError(404, f"unknown sampling_session_id {sampler_id_!r}")
+        return sampler

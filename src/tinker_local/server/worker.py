@@ -1,0 +1,175 @@
+"""The one thread that touches the Engine.
+
+The Engine is not thread-safe, and torch must never run on the server's event loop (heartbeats
+and long-polls have to answer while a training step runs). So every engine call is a job on
+this thread's FIFO queue. Per-model seq_id order is decided before a job is queued (see
+`sequencer.py`); the FIFO keeps it.
+
+Sampling jobs are special: when the worker reaches one, it takes every sampling job queued at
+that moment and hands them to `engine.sample_batch` in one call, so the sampler can batch
+across requests and adapters.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+logger = logging.getLogger("tinker_local.server")
+
+T = TypeVar("T")
+
+
+class WorkerStopped(RuntimeError):
+    category = "server"
+
+
+@dataclass
+class _Job(Generic[T]):
+    fn: Callable[[Any], T]
+    future: concurrent.futures.Future[T]
+
+
+@dataclass
+class _SampleJob(Generic[T]):
+    request: Any
+    # Turns the engine's answer for this request (a response or an exception) into T.
+    finish: Callable[[Any], T]
+    future: concurrent.futures.Future[T]
+
+
+class EngineWorker:
+    """Runs `fn(engine)` jobs one at a time on a dedicated thread.
+
+    `engine_factory` is called on the worker thread itself, so the engine (and torch state it
+    creates) is only ever touched from that thread.
+    """
+
+    def __init__(self, engine_factory: Callable[[], Any], name: str = "tinker-local-engine"):
+        self._engine_factory = engine_factory
+        self._engine: Any = None
+        self._queue: deque[_Job[Any] | _SampleJob[Any]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._ready = concurrent.futures.Future[None]()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.batch_sizes: list[int] = []  # sample_batch sizes, for tests and diagnostics
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Start the thread and wait for the engine to be built (re-raises its failure)."""
+        self._thread.start()
+        self._ready.result(timeout=timeout_s)
+
+    def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
+        job: _Job[T] = _Job(fn, concurrent.futures.Future())
+        self._enqueue(job)
+        return job.future
+
+    def submit_sample(
+        self, request: Any, finish: Callable[[Any], T]
+    ) -> concurrent.futures.Future[T]:
+        job: _SampleJob[T] = _SampleJob(request, finish, concurrent.futures.Future())
+        self._enqueue(job)
+        return job.future
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in left:
+            _fail(job, WorkerStopped("the server is shutting down"))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    # -- worker thread ------------------------------------------------------------------------
+
+    def _enqueue(self, job: _Job[Any] | _SampleJob[Any]) -> None:
+        with self._cond:
+            if self._stopping:
+                _fail(job, WorkerStopped("the server is shutting down"))
+                return
+            self._queue.append(job)
+            self._cond.notify()
+
+    def _take(self) -> list[_Job[Any] | _SampleJob[Any]] | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            first = self._queue.popleft()
+            if isinstance(first, _Job):
+                return [first]
+            # Every sampling job queued right now joins this batch; the rest keep their order.
+            batch: list[_Job[Any] | _SampleJob[Any]] = [first]
+            rest: deque[_Job[Any] | _SampleJob[Any]] = deque()
+            for job in self._queue:
+                (batch if isinstance(job, _SampleJob) else rest).append(job)
+            self._queue = rest
+            return batch
+
+    def _run(self) -> None:
+        try:
+            self._engine = self._engine_factory()
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            if isinstance(jobs[0], _Job):
+                self._run_job(jobs[0])
+            else:
+                self._run_samples([j for j in jobs if isinstance(j, _SampleJob)])
+
+    def _run_job(self, job: _Job[Any]) -> None:
+        try:
+            result = job.fn(self._engine)
+        except BaseException as exc:  # noqa: BLE001 - the job's caller decides what it means
+            _fail(job, exc)
+        else:
+            _set(job.future, result)
+
+    def _run_samples(self, jobs: list[_SampleJob[Any]]) -> None:
+        self.batch_sizes.append(len(jobs))
+        try:
+            answers: list[Any] = list(self._engine.sample_batch([j.request for j in jobs]))
+            if len(answers) != len(jobs):
+                raise RuntimeError(
+                    f"engine.sample_batch returned {len(answers)} results for {len(jobs)} requests"
+                )
+        except BaseException as exc:  # noqa: BLE001 - every request in the batch gets it
+            answers = [exc] * len(jobs)
+        for job, answer in zip(jobs, answers):
+            try:
+                _set(job.future, job.finish(answer))
+            except BaseException as exc:  # noqa: BLE001
+                _fail(job, exc)
+
+
+def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
+    try:
+        future.set_result(value)
+    except (concurrent.futures.InvalidStateError, RuntimeError):
+        # Already resolved, or the event loop that watches it has closed at shutdown.
+        logger.debug("dropping a result nobody can receive any more")
+
+
+def _fail(job: _Job[Any] | _SampleJob[Any], exc: BaseException) -> None:
+    try:
+        job.future.set_exception(exc)
+    except (concurrent.futures.InvalidStateError, RuntimeError):
+        logger.debug("dropping an error nobody can receive any more")

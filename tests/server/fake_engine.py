@@ -1,0 +1,268 @@
+"""A small numpy engine that implements the Engine facade (docs/internals.md), for fast wire tests.
+
+The "model" is one logit vector over a 64-token vocabulary: every position predicts the next
+token from softmax(w). That is enough to check that what the SDK sends arrives intact, results
+come back in order, errors name the datum and field, and training changes what is sampled.
+It records every call so tests can check ordering and batching.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tinker import types
+
+VOCAB = 64
+END_TOKEN = 0
+
+
+class FakeEngineError(Exception):
+    def __init__(self, message: str, category: str = "user") -> None:
+        super().__init__(message)
+        self.category = category
+
+
+@dataclass
+class LoraSpec:
+    rank: int = 32
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+
+@dataclass
+class SampleRequest:
+    sampler_id: str
+    prompt: list[int]
+    sampling_params: types.SamplingParams
+    num_samples: int = 1
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+
+
+@dataclass
+class ModelInfo:
+    base_model: str
+    lora_rank: int
+    tokenizer_path: str
+
+
+@dataclass
+class CheckpointMeta:
+    base_model: str
+    lora: LoraSpec
+
+
+@dataclass
+class _Model:
+    base_model: str
+    lora: LoraSpec
+    w: np.ndarray
+    grad: np.ndarray = field(default_factory=lambda: np.zeros(VOCAB))
+    steps: int = 0
+
+
+def _log_softmax(w: np.ndarray) -> np.ndarray:
+    shifted = w - w.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+class FakeEngine:
+    BASE_MODELS = ("fake/base",)
+
+    def __init__(self) -> None:
+        self.models: dict[str, _Model] = {}
+        self.samplers: dict[str, tuple[str, np.ndarray]] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.thread: threading.Thread | None = None
+        # Seconds each forward_backward sleeps (to hold the worker busy in tests).
+        self.forward_backward_delay_s = 0.0
+
+    def _record(self, *call: Any) -> None:
+        self.thread = threading.current_thread()
+        self.calls.append(call)
+
+    def available_models(self) -> list[str]:
+        return list(self.BASE_MODELS)
+
+    def _model(self, model_id: str) -> _Model:
+        if model_id not in self.models:
+            raise FakeEngineError(f"unknown model {model_id}")
+        return self.models[model_id]
+
+    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+        self._record("create_model", model_id, base_model)
+        if base_model not in self.BASE_MODELS:
+            raise FakeEngineError(f"unknown base model {base_model!r}")
+        self.models[model_id] = _Model(base_model, lora, np.zeros(VOCAB))
+
+    def model_info(self, model_id: str) -> ModelInfo:
+        model = self._model(model_id)
+        return ModelInfo(model.base_model, model.lora.rank, "/nonexistent/fake-tokenizer")
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        forward_only: bool,
+    ) -> types.ForwardBackwardOutput:
+        self._record("forward_backward", model_id, len(data), forward_only, loss_fn)
+        if self.forward_backward_delay_s:
+            time.sleep(self.forward_backward_delay_s)
+        model = self._model(model_id)
+        if loss_fn != "cross_entropy":
+            raise FakeEngineError(f"unknown loss_fn {loss_fn!r}")
+        logp = _log_softmax(model.w)
+        outputs, loss, grad = [], 0.0, np.zeros(VOCAB)
+        for i, datum in enumerate(data):
+            tokens = datum.model_input.to_ints()
+            for name in ("target_tokens", "weights"):
+                if name not in datum.loss_fn_inputs:
+                    raise FakeEngineError(f"datum {i}: loss_fn_inputs is missing {name!r}")
+            targets = datum.loss_fn_inputs["target_tokens"].to_numpy().astype(np.int64)
+            weights = datum.loss_fn_inputs["weights"].to_numpy().astype(np.float64)
+            for name, arr in (("target_tokens", targets), ("weights", weights)):
+                if arr.shape[0] != len(tokens):
+                    raise FakeEngineError(
+                        f"datum {i}: loss_fn_inputs[{name!r}] has length {arr.shape[0]}, "
+                        f"model_input has {len(tokens)} tokens"
+                    )
+            if not np.all(np.isfinite(weights)):
+                raise FakeEngineError(f"datum {i}: loss_fn_inputs['weights'] is not finite")
+            if min(tokens + targets.tolist()) < 0 or max(tokens + targets.tolist()) >= VOCAB:
+                raise FakeEngineError(f"datum {i}: token id outside the vocabulary [0, {VOCAB})")
+            lp = logp[targets]
+            loss += float(-(weights * lp).sum())
+            probs = np.exp(logp)
+            for t, wt in zip(targets, weights):
+                grad += wt * (probs - np.eye(VOCAB)[t])
+            outputs.append({"logprobs": types.TensorData.from_numpy(lp.astype(np.float32))})
+        if not forward_only:
+            model.grad += grad
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord",
+            loss_fn_outputs=outputs,
+            metrics={"loss:sum": loss},
+        )
+
+    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
+        self._record("optim_step", model_id, adam.learning_rate)
+        model = self._model(model_id)
+        norm = float(np.linalg.norm(model.grad))
+        model.w -= adam.learning_rate * model.grad
+        model.grad[:] = 0
+        model.steps += 1
+        return types.OptimStepResponse(metrics={"grad_norm:mean": norm})
+
+    def _write(self, directory: Path, model: _Model, with_optimizer: bool) -> None:
+        directory.mkdir(parents=True)
+        state = {
+            "base_model": model.base_model,
+            "rank": model.lora.rank,
+            "w": model.w.tolist(),
+            "steps": model.steps,
+        }
+        if with_optimizer:
+            state["grad"] = model.grad.tolist()
+        (directory / "fake.json").write_text(json.dumps(state))
+
+    def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
+        self._record("save_state", model_id, str(directory))
+        self._write(directory, self._model(model_id), with_optimizer)
+
+    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
+        self._record("load_state", model_id, with_optimizer)
+        model = self._model(model_id)
+        state = json.loads((directory / "fake.json").read_text())
+        model.w = np.array(state["w"])
+        if with_optimizer:
+            if "grad" not in state:
+                raise FakeEngineError(f"{directory} has no optimizer state")
+            model.steps = state["steps"]
+
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        self._record("save_sampler_weights", model_id)
+        self._write(directory, self._model(model_id), with_optimizer=False)
+
+    def unload_model(self, model_id: str) -> None:
+        self._record("unload_model", model_id)
+        self.models.pop(model_id, None)
+
+    @staticmethod
+    def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
+        state = json.loads((directory / "fake.json").read_text())
+        return CheckpointMeta(state["base_model"], LoraSpec(rank=state["rank"]))
+
+    def create_sampler(
+        self,
+        sampler_id: str,
+        *,
+        base_model: str | None = None,
+        adapter_dir: Path | None = None,
+        from_model_id: str | None = None,
+    ) -> str:
+        self._record("create_sampler", sampler_id)
+        if from_model_id is not None:
+            model = self._model(from_model_id)
+            self.samplers[sampler_id] = (model.base_model, model.w.copy())
+        elif adapter_dir is not None:
+            state = json.loads((adapter_dir / "fake.json").read_text())
+            self.samplers[sampler_id] = (state["base_model"], np.array(state["w"]))
+        else:
+            if base_model not in self.BASE_MODELS:
+                raise FakeEngineError(f"unknown base model {base_model!r}")
+            self.samplers[sampler_id] = (base_model, np.zeros(VOCAB))
+        return self.samplers[sampler_id][0]
+
+    def unload_sampler(self, sampler_id: str) -> None:
+        self._record("unload_sampler", sampler_id)
+        self.samplers.pop(sampler_id, None)
+
+    def sample_batch(
+        self, requests: list[SampleRequest]
+    ) -> list[types.SampleResponse | FakeEngineError]:
+        self._record("sample_batch", len(requests))
+        return [self._sample(r) for r in requests]
+
+    def _sample(self, req: SampleRequest) -> types.SampleResponse | FakeEngineError:
+        if req.sampler_id not in self.samplers:
+            return FakeEngineError(f"unknown sampler {req.sampler_id}")
+        if max(req.prompt) >= VOCAB or min(req.prompt) < 0:
+            return FakeEngineError(f"prompt token id outside the vocabulary [0, {VOCAB})")
+        _, w = self.samplers[req.sampler_id]
+        logp = _log_softmax(w)
+        params = req.sampling_params
+        stop = params.stop
+        stop_tokens = {END_TOKEN} if stop is None else {t for t in stop if isinstance(t, int)}
+        rng = np.random.default_rng(params.seed)
+        sequences = []
+        for _ in range(req.num_samples):
+            tokens: list[int] = []
+            reason = "length"
+            for _ in range(params.max_tokens or 16):
+                token = int(rng.choice(VOCAB, p=np.exp(logp)))
+                tokens.append(token)
+                if token in stop_tokens:
+                    reason = "stop"
+                    break
+            sequences.append(
+                types.SampledSequence(
+                    stop_reason=reason,  # type: ignore[arg-type]
+                    sequence_id="",
+                    tokens_np=np.array(tokens, dtype=np.int32),
+                    logprobs_np=logp[tokens].astype(np.float32),
+                )
+            )
+        prompt_lp = None
+        if req.prompt_logprobs:
+            prompt_lp = np.concatenate([[np.nan], logp[req.prompt[1:]]]).astype(np.float32)
+        return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
