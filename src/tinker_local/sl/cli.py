@@ -1,0 +1,97 @@
+"""`tinker-local sft`: supervised fine-tuning from the command line.
+
+    tinker-local sft data.jsonl --log-dir runs/sft [--epochs 2 --batch-size 16 ...]
+    tinker-local sft --config sft.json            # same keys as the flags, in snake_case
+
+Running the same command again with the same log dir resumes where the run stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any
+
+from tinker_local.sl.config import SFTConfig, load_config_file
+
+# Fields set by positional arguments or needing special handling.
+_SPECIAL = {"data", "log_dir", "val_data"}
+
+
+def _flag_type(field: dataclasses.Field) -> type:
+    hints = typing.get_type_hints(SFTConfig)
+    hint = hints[field.name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinker-local sft",
+        description="LoRA supervised fine-tuning on chat or prompt/completion JSONL "
+        "(loss on assistant tokens only). Defaults are documented in tinker_local.sl.config.",
+    )
+    parser.add_argument("data", nargs="*", help="JSONL files, folders, or HF-cache dataset ids")
+    parser.add_argument("--log-dir", help="run folder: metrics, state, resume")
+    parser.add_argument("--val-data", nargs="+", help="explicit validation data (no split)")
+    parser.add_argument("--config", help="JSON file of settings; flags override it")
+    parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    parser.add_argument(
+        "--stop-after-steps", type=int, help="pause after this many steps (resume later)"
+    )
+    defaults = SFTConfig.__dataclass_fields__
+    for name, field in defaults.items():
+        if name in _SPECIAL:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind = _flag_type(field)
+        default = field.default
+        # default=None so only flags actually given override the config file.
+        parser.add_argument(flag, type=kind, default=None, help=f"default {default!r}")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SFTConfig:
+    settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    if args.data:
+        settings["data"] = list(args.data)
+    if args.log_dir:
+        settings["log_dir"] = args.log_dir
+    if args.val_data:
+        settings["val_data"] = list(args.val_data)
+    for name in SFTConfig.__dataclass_fields__:
+        if name in _SPECIAL:
+            continue
+        value = getattr(args, name)
+        if value is not None:
+            settings[name] = value
+    missing = [k for k in ("data", "log_dir") if not settings.get(k)]
+    if missing:
+        raise ValueError(f"missing {' and '.join(missing)} (give them as flags or in --config)")
+    return SFTConfig.from_dict(settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"tinker-local sft: {e}", file=sys.stderr)
+        return 2
+    from tinker_local.sl.connect import connect
+    from tinker_local.sl.train import train
+
+    result = train(config, connect(args.base_url), stop_after_steps=args.stop_after_steps)
+    status = "finished" if result.finished else "paused (run again to resume)"
+    print(f"SFT {status} after {result.steps} steps; log dir {result.log_dir}")
+    if result.best is not None:
+        print(f"best validation loss {result.best.val_loss:.4f} at step {result.best.step}")
+        print(f"  sampler weights: {result.best.sampler_path}")
+        print(f"  training state:  {result.best.state_path}")
+    if result.final is not None:
+        print(f"final sampler weights: {result.final.sampler_path}")
+    return 0
