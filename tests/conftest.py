@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 _base = os.environ.get("TINKER_LOCAL_TEST_HOME") or tempfile.mkdtemp(prefix="tinker-local-test-")
 _base_path = Path(_base).resolve()
 os.environ["TINKER_LOCAL_HOME"] = str(_base_path / "home")
@@ -18,3 +20,34 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+# Shared model fixtures. Imports stay inside them: the environment above must be set before
+# anything imports huggingface_hub or transformers.
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder() -> Path:
+    """The tiny random Llama's folder (built once per test home)."""
+    from tinker_local import config
+    from tinker_local.engine.models import resolve_model
+
+    return resolve_model(config.TINY_TEST_MODEL)
+
+
+@pytest.fixture
+def tiny_base(tiny_model_folder):
+    """A fresh `LoadedBase` of the tiny model on CPU in float32; safe to wrap with peft."""
+    from tinker_local import config
+    from tinker_local.engine.models import load_base
+
+    return load_base(config.TINY_TEST_MODEL, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def builtin_model_folder() -> Path:
+    """The converted SmolLM2 folder (converted once per test home; ~20-45 s the first time)."""
+    from tinker_local import config
+    from tinker_local.engine.models import resolve_model
+
+    return resolve_model(config.DEFAULT_BASE_MODEL)
