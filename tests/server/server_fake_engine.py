@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tinker
 from tinker import types
+
+from tinker_local import config
+from tinker_local.server.engine_api import EngineApi
+from tinker_local.server.runner import LocalServer
+from tinker_local.server.service import ServerSettings
 
 VOCAB = 64
 END_TOKEN = 0
@@ -266,3 +272,29 @@ class FakeEngine:
         if req.prompt_logprobs:
             prompt_lp = np.concatenate([[np.nan], logp[req.prompt[1:]]]).astype(np.float32)
         return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
+
+
+@dataclass
+class FakeServer:
+    server: LocalServer
+    engine: FakeEngine
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def settings(self) -> ServerSettings:
+        return self.server.service.settings
+
+    def client(self) -> tinker.ServiceClient:
+        return tinker.ServiceClient(base_url=self.base_url, api_key=config.LOCAL_API_KEY)
+
+
+def fake_engine_api(engine: FakeEngine) -> EngineApi:
+    return EngineApi(
+        make_engine=lambda: engine,
+        lora_spec=LoraSpec,
+        sample_request=SampleRequest,
+        read_checkpoint_meta=FakeEngine.read_checkpoint_meta,
+    )

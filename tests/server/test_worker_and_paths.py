@@ -1,0 +1,84 @@
+"""The engine worker thread, and tinker:// path mapping."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from tinker_local.server import paths
+from tinker_local.server.errors import ApiError
+from tinker_local.server.worker import EngineWorker, WorkerStopped
+
+
+class _RecordingEngine:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.thread: threading.Thread | None = None
+
+    def sample_batch(self, requests: list[str]) -> list[object]:
+        self.thread = threading.current_thread()
+        self.batches.append(list(requests))
+        return [ValueError(r) if r == "bad" else r.upper() for r in requests]
+
+
+def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
+    engine = _RecordingEngine()
+    worker = EngineWorker(lambda: engine)
+    worker.start()
+    gate = threading.Event()
+    order: list[str] = []
+    blocker = worker.submit(lambda e: gate.wait(10))
+    samples = [worker.submit_sample(name, lambda answer: answer) for name in ("a", "b", "bad", "c")]
+    after = worker.submit(lambda e: order.append("job"))
+    gate.set()
+    assert blocker.result(5) is True
+    assert [f.result(5) for f in samples[:2]] + [samples[3].result(5)] == ["A", "B", "C"]
+    assert isinstance(samples[2].result(5), ValueError)  # per-request errors stay per request
+    after.result(5)
+    assert engine.batches == [["a", "b", "bad", "c"]]
+    assert engine.thread is not threading.current_thread()
+    worker.stop()
+    late = worker.submit(lambda e: None)
+    with pytest.raises(WorkerStopped):
+        late.result(1)
+
+
+def test_engine_factory_failure_reaches_start() -> None:
+    def broken() -> object:
+        raise RuntimeError("no model here")
+
+    with pytest.raises(RuntimeError, match="no model here"):
+        EngineWorker(broken).start()
+
+
+def test_checkpoint_paths_map_inside_the_root(tmp_path: Path) -> None:
+    path = paths.parse_uri("tinker://abc:train:0/weights/step-10.final")
+    assert path.directory(tmp_path) == tmp_path / "abc:train:0" / "weights" / "step-10.final"
+    assert path.uri == "tinker://abc:train:0/weights/step-10.final"
+    assert paths.parse_uri("tinker://r/sampler_weights/x").kind == "sampler_weights"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "tinker://r/weights/..",
+        "tinker://r/weights/a b",
+        "tinker://../weights/x",
+        "tinker://r/other/x",
+        "tinker://r/weights/x/y",
+        "file:///etc/passwd",
+        "tinker://r/weights/",
+    ],
+)
+def test_bad_checkpoint_paths_are_refused(uri: str) -> None:
+    with pytest.raises(ApiError) as err:
+        paths.parse_uri(uri)
+    assert err.value.status == 400
+
+
+def test_missing_checkpoint_is_404(tmp_path: Path) -> None:
+    with pytest.raises(ApiError) as err:
+        paths.existing_checkpoint("tinker://r/weights/nope", tmp_path)
+    assert err.value.status == 404 and "not found" in err.value.message
