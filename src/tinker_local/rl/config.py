@@ -1,0 +1,142 @@
+"""RL training configuration. Every default says why it is the default.
+
+Loss and clipping
+- `loss_fn="ppo"` with the clip range [0.8, 1.2] (the hosted API's defaults): the ratio between
+  the learner and the sampler is clipped, so one batch cannot move the policy far even when the
+  samples are a few updates old (async mode, several minibatches per step) or the sampler's and
+  learner's numerics disagree slightly. `importance_sampling`, `cispo` and `dro` are also
+  available.
+- Advantages are group-relative and divided by the group's std (+`advantage_eps`), as in the
+  GSM8K GRPO script this loop grew from and the measured arithmetic recipe;
+  `normalize_advantages_by_std=False` gives Dr. GRPO.
+- `remove_constant_reward_groups=True`: a group whose rewards are all equal has zero advantage
+  everywhere; it only dilutes the batch. The removed fraction is logged, and a batch where every
+  group is constant is skipped with a warning rather than trained on silently.
+
+Optimizer
+- `learning_rate=None` picks the hidden-size rule in `learning_rate.py`; AdamW beta1 0.9,
+  beta2 0.95 (the Tinker defaults), eps 1e-8, no weight decay; `grad_clip_norm=1.0` caps the
+  occasional huge policy-gradient step (the cookbook runs without clipping, which the audit
+  flagged).
+
+Sampling and evaluation
+- `temperature=1.0`: the policy gradient is unbiased only for the distribution we sample from,
+  and T=1 samples the model's own distribution. Evaluation is greedy (temperature 0) on the
+  held-out set every `eval_every=20` steps, plus before the first and after the last step.
+
+Off-policy
+- `max_steps_off_policy=None` is synchronous on-policy RL. An integer turns on the async mode:
+  sampling keeps going while the learner trains, and samples from weights more than that many
+  steps old are dropped and their problems sampled again.
+- `num_minibatches=1`: the batch is split into this many minibatches, each trained (and
+  followed by an optimizer step) as soon as its groups have arrived.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from tinker_local.config import DEFAULT_BASE_MODEL
+
+LossFn = Literal["ppo", "importance_sampling", "cispo", "dro"]
+
+
+@dataclass
+class RLConfig:
+    log_dir: str
+    base_model: str = DEFAULT_BASE_MODEL
+    lora_rank: int = 32
+    seed: int = 0
+    # batch: `batch_size` problems (groups) per step, each tried `group_size` times
+    max_steps: int = 100
+    batch_size: int = 8
+    group_size: int = 8
+    # sampling
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    # loss and advantages
+    loss_fn: LossFn = "ppo"
+    clip_low: float = 0.8
+    clip_high: float = 1.2
+    dro_beta: float = 0.05
+    normalize_advantages_by_std: bool = True
+    advantage_eps: float = 1e-6
+    remove_constant_reward_groups: bool = True
+    # optimizer
+    learning_rate: float | None = None
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0
+    # optional corrections
+    kl_penalty_coef: float = 0.0  # > 0: penalise log(pi_sampler / pi_base) per token
+    tis_cap: float | None = None  # truncated importance weights on sampler/learner mismatch
+    # async off-policy and streaming minibatches
+    max_steps_off_policy: int | None = None
+    num_minibatches: int = 1
+    # evaluation, checkpoints, logging
+    eval_every: int = 20  # steps; 0 = only before the first and after the last step
+    eval_max_tokens: int | None = None  # default: max_tokens
+    save_every: int = 20  # steps; 0 = only the final checkpoint
+    transcripts_per_step: int = 2
+    wandb_project: str | None = None
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_steps": self.max_steps >= 1,
+            "batch_size": self.batch_size >= 1,
+            "group_size": self.group_size >= 1,
+            "max_tokens": self.max_tokens >= 1,
+            "temperature": self.temperature >= 0,
+            "lora_rank": self.lora_rank >= 1,
+            "loss_fn": self.loss_fn in ("ppo", "importance_sampling", "cispo", "dro"),
+            "clip_low": 0 < self.clip_low <= 1,
+            "clip_high": self.clip_high >= 1,
+            "advantage_eps": self.advantage_eps >= 0,
+            "learning_rate": self.learning_rate is None or self.learning_rate > 0,
+            "grad_clip_norm": self.grad_clip_norm >= 0,
+            "kl_penalty_coef": self.kl_penalty_coef >= 0,
+            "tis_cap": self.tis_cap is None or self.tis_cap >= 1,
+            "max_steps_off_policy": self.max_steps_off_policy is None
+            or self.max_steps_off_policy >= 0,
+            "num_minibatches": 1 <= self.num_minibatches <= self.batch_size,
+            "eval_every": self.eval_every >= 0,
+            "save_every": self.save_every >= 0,
+            "transcripts_per_step": self.transcripts_per_step >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"RLConfig.{name} has an invalid value {getattr(self, name)!r}")
+        if self.group_size == 1:
+            raise ValueError(
+                "RLConfig.group_size must be >= 2: advantages are relative to the group mean, "
+                "so a group of one never has a learning signal"
+            )
+
+    def loss_fn_config(self) -> dict[str, float] | None:
+        if self.loss_fn in ("ppo", "cispo"):
+            return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+        if self.loss_fn == "dro":
+            return {"beta": self.dro_beta}
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RLConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"RLConfig: unknown fields {unknown}")
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -1,0 +1,189 @@
+"""Everything a run writes to its log directory.
+
+- `metrics.jsonl`: one JSON object per step (and per evaluation), appended and flushed as they
+  come, so a killed run keeps what it measured.
+- `run_metadata.json`: arguments, the environment variables that change behaviour, package
+  versions, git commit; a resumed run appends itself to `runs`.
+- `transcripts.jsonl`: a few decoded episodes per step.
+- `reward.png`, `eval.png`: the curves, drawn at the end (and on demand).
+- Weights & Biases / TensorBoard when asked for and installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_ENV_PREFIXES = ("TINKER", "HF_", "TRANSFORMERS", "TOKENIZERS", "CUDA", "OMP_", "MKL_", "PYTORCH")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_PACKAGES = ("tinker", "tinker-local", "torch", "transformers", "peft", "numpy")
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def run_metadata(arguments: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
+    env = {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_ENV_PREFIXES) and not any(w in k for w in _SECRET_WORDS)
+    }
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "arguments": arguments,
+        "argv": argv if argv is not None else sys.argv,
+        "environment": env,
+        "packages": versions,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+    }
+
+
+class MetricsLog:
+    def __init__(self, log_dir: str | Path, *, wandb_project: str | None = None, tb: bool = False):
+        self.dir = Path(log_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.transcripts_path = self.dir / "transcripts.jsonl"
+        self._wandb = _start_wandb(wandb_project, self.dir) if wandb_project else None
+        self._tb = _start_tensorboard(self.dir) if tb else None
+
+    def write_metadata(self, arguments: dict[str, Any], *, resumed_at: int | None) -> None:
+        path = self.dir / "run_metadata.json"
+        entry = run_metadata(arguments)
+        entry["resumed_at_step"] = resumed_at
+        runs = []
+        if path.exists() and resumed_at is not None:
+            runs = json.loads(path.read_text()).get("runs", [])
+        runs.append(entry)
+        path.write_text(json.dumps({**entry, "runs": runs}, indent=2, default=str) + "\n")
+
+    def truncate_from(self, step: int) -> None:
+        """Forget rows of steps >= `step` (a resumed run will measure them again)."""
+        for path in (self.metrics_path, self.transcripts_path):
+            if not path.exists():
+                continue
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) < step
+            ]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, values: dict[str, Any]) -> None:
+        row = {"step": step, **values}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row, default=float) + "\n")
+        numeric = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+
+    def transcripts(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        with self.transcripts_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
+
+    def plot(self) -> list[Path]:
+        """`reward.png` (train reward per step) and `eval.png` (greedy evaluation curves)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.read()
+        written = []
+        train = [r for r in rows if "reward/mean" in r]
+        if train:
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="mean")
+            if all("reward/max" in r for r in train):
+                ax.fill_between(
+                    [r["step"] for r in train],
+                    [r["reward/min"] for r in train],
+                    [r["reward/max"] for r in train],
+                    alpha=0.15,
+                    label="min-max",
+                )
+            ax.set_xlabel("step")
+            ax.set_ylabel("train reward")
+            ax.legend()
+            fig.tight_layout()
+            written.append(self.dir / "reward.png")
+            fig.savefig(written[-1], dpi=110)
+            plt.close(fig)
+        evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+        if evals:
+            keys = sorted(
+                {k for r in evals for k in r if k.startswith("eval/") and "time" not in k}
+            )
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            for key in keys:
+                pts = [(r["step"], r[key]) for r in evals if key in r]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key)
+            ax.set_xlabel("step")
+            ax.set_ylabel("greedy evaluation")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            written.append(self.dir / "eval.png")
+            fig.savefig(written[-1], dpi=110)
+            plt.close(fig)
+        return written
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _start_wandb(project: str, log_dir: Path) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        logger.warning("wandb_project=%r but wandb is not installed; not logging to W&B", project)
+        return None
+    return wandb.init(project=project, dir=str(log_dir), name=log_dir.name, resume="allow")
+
+
+def _start_tensorboard(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        logger.warning("tensorboard=True but tensorboard is not installed; not writing events")
+        return None
+    return SummaryWriter(str(log_dir / "tensorboard"))
