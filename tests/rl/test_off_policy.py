@@ -61,7 +61,7 @@ async def drive(max_off, steps=12, batch=4, train_seconds=0.01, slow_every=5, se
 
 @pytest.mark.parametrize("max_off", [0, 1, 2])
 def test_no_trained_group_is_staler_than_allowed(max_off):
-    trained, calls, source = asyncio.run(drive(max_off))
+    trained, calls, _ = asyncio.run(drive(max_off))
     assert len(trained) == 12 * 4
     assert all(0 <= step - v <= max_off for step, v, _ in trained)
     # every group was really sampled with the weights it is labelled with

@@ -16,7 +16,13 @@ from tinker_local.rl.data import (
     trajectory_sequences,
 )
 from tinker_local.rl.problem_env import ProblemGroupBuilder, WorldGroupBuilder
-from tinker_local.rl.rollouts import SamplingSettings, Trajectory, Transition, rollout_group
+from tinker_local.rl.rollouts import (
+    SamplingSettings,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+    rollout_group,
+)
 
 SETTINGS = SamplingSettings(max_tokens=8, temperature=1.0)
 
@@ -86,10 +92,10 @@ def test_non_extending_observation_starts_a_new_sequence():
 
 
 def test_group_sequences_pairs_advantages_with_trajectories():
-    class G:
-        trajectories = [Trajectory([_transition([1], [2])]), Trajectory([_transition([1], [3])])]
-
-    seqs = group_sequences([G()], [[0.7, -0.7]])
+    group = TrajectoryGroup(
+        [Trajectory([_transition([1], [2])]), Trajectory([_transition([1], [3])])], [0.0, 1.0]
+    )
+    seqs = group_sequences([group], [[0.7, -0.7]])
     assert [s.advantages for s in seqs] == [[0.0, 0.7], [0.0, -0.7]]
 
 
