@@ -7,19 +7,27 @@ converted only once); by default a fresh temporary folder is used, as in CI.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-_base = os.environ.get("TINKER_LOCAL_TEST_HOME") or tempfile.mkdtemp(prefix="tinker-local-test-")
-_base_path = Path(_base).resolve()
+_reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
+_base_path = Path(_reused_home or tempfile.mkdtemp(prefix="tinker-local-test-")).resolve()
 os.environ["TINKER_LOCAL_HOME"] = str(_base_path / "home")
 os.environ["HF_HOME"] = str(_base_path / "hf")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Delete the per-run temporary home (it holds a ~550 MB converted model); a reused
+    TINKER_LOCAL_TEST_HOME is kept."""
+    if not _reused_home:
+        shutil.rmtree(_base_path, ignore_errors=True)
 
 
 # Shared model fixtures. Imports stay inside them: the environment above must be set before

@@ -313,10 +313,9 @@ def test_tokenizer_resolvable_offline_by_model_name(tiny_model_folder, private_h
     # idempotent: a second call finds the published snapshot and changes nothing
     assert ensure_tokenizer_resolvable(config.TINY_TEST_MODEL, tiny_model_folder) == snapshot
     assert len(list(snapshot.parent.iterdir())) == 1
-    # the tokenizer-only snapshot is not a model
-    assert config.TINY_TEST_MODEL not in models.cached_model_ids() or not models._is_model_folder(
-        snapshot
-    )
+    # the tokenizer-only snapshot is not mistaken for a model
+    with pytest.raises(InvalidModelFolderError, match="no weights"):
+        models.check_model_folder(snapshot)
 
 
 def test_load_base_publishes_the_tokenizer(tiny_model_folder, private_hub_cache):

@@ -352,9 +352,12 @@ def _is_model_folder(folder: Path) -> bool:
 
 def _read_config(folder: Path) -> dict:
     try:
-        return json.loads((folder / "config.json").read_text())
+        data = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as error:
         raise InvalidModelFolderError(f"{folder / 'config.json'} is unreadable: {error}") from None
+    if not isinstance(data, dict):
+        raise InvalidModelFolderError(f"{folder / 'config.json'} does not hold a JSON object")
+    return data
 
 
 def _is_causal_lm_type(model_type: object) -> bool:
@@ -364,7 +367,7 @@ def _is_causal_lm_type(model_type: object) -> bool:
 
 
 def _not_found_message(name: str) -> str:
-    looks_like_path = name.startswith(("/", ".", "~")) or os.sep in name and not is_hub_id(name)
+    looks_like_path = name.startswith(("/", ".", "~")) or (os.sep in name and not is_hub_id(name))
     if looks_like_path:
         reason = f"no folder at {Path(name).expanduser().resolve()}"
     elif is_hub_id(name):
