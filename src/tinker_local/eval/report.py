@@ -32,7 +32,7 @@ class Transcript:
 
     `turns` alternate what the model was shown and what it wrote, decoded from the exact token
     ids (chat-template markup included): `{"observation": text}` then `{"action": text,
-    "reward": r}`, and so on; a multi-turn episode's later observations hold only the new text.
+    "tokens": ids, "reward": r}`, and so on; later observations hold only the new text.
     """
 
     model: str  # the label of the model evaluated

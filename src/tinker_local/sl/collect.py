@@ -4,7 +4,8 @@
   messages plus its `reference_answer()` as the assistant turn, kept only when the problem's own
   `score()` accepts that answer (a solved SAT instance, a program that passes its checks);
 - text worlds: the scripted expert's trajectory (`expert_action()` each turn), kept only when
-  the episode ends within `max_turns` with a positive total reward.
+  the episode ends within `max_turns` solved (the world's `success` metric, or a positive total
+  reward for worlds that report none).
 
 Data is drawn from the tasks' training split, never the held-out test split that `eval` uses.
 Output: chat JSONL (`{"messages": [...], "task": ..., "reward": ...}`), ready for `tinker-local sft`.
@@ -54,8 +55,11 @@ def world_record(world: TextWorld) -> dict[str, Any] | str:
         total += step.reward
         messages.append({"role": "assistant", "content": action})
         if step.done:
-            if total <= 0:
-                return f"the expert's episode ended with total reward {total}"
+            # Worlds report their verdict as a `success` metric; progress rewards alone don't
+            # make an episode worth imitating.
+            solved = step.metrics.get("success", 1.0 if total > 0 else 0.0) > 0
+            if not solved:
+                return f"the expert's episode ended unsolved (total reward {total})"
             return {"messages": messages, "reward": total}
         messages.append({"role": "user", "content": step.observation})
     return f"the expert did not finish within max_turns={world.max_turns}"
