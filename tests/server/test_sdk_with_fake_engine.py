@@ -304,6 +304,18 @@ def test_finishing_a_session_unloads_its_models(fake_server: FakeServer) -> None
         assert gone.status_code == 404
 
 
+def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
+    # Guards against Nagle + delayed ACK on the server socket (a ~40 ms stall per response).
+    with httpx.Client(base_url=fake_server.base_url, timeout=5) as http:
+        http.get("/api/v1/healthz")
+        times = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            http.get("/api/v1/healthz")
+            times.append(time.perf_counter() - t0)
+    assert sorted(times)[10] < 0.02
+
+
 def test_server_capabilities(service: tinker.ServiceClient) -> None:
     caps = service.create_rest_client().get_server_capabilities().result()
     assert [m.model_name for m in caps.supported_models] == ["fake/base"]
