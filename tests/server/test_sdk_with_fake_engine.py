@@ -169,6 +169,29 @@ def test_chunked_and_compressed_forward_backward(fake_server: FakeServer) -> Non
     assert kinds[-1] == "optim_step"
 
 
+def test_forward_backward_custom(fake_server: FakeServer, trainer: tinker.TrainingClient) -> None:
+    import torch
+
+    def loss_fn(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        loss = sum(-(2.0 * lp).sum() for lp in logprobs)
+        return loss, {"custom:mean": 1.0}
+
+    data = [_datum([1, 2, 3]), _datum([4])]
+    out = trainer.forward_backward_custom(data, loss_fn)
+    step = trainer.optim_step(types.AdamParams(learning_rate=0.1))
+    result = out.result()
+    step.result()
+    assert result.metrics["loss:sum"] == pytest.approx(-8 * UNIFORM_LOGPROB, rel=1e-5)
+    assert result.metrics["custom:mean"] == 1.0
+    calls = [c for c in fake_server.engine.calls if len(c) > 1 and c[1] == trainer.model_id]
+    # forward pass, then the backward pass with weights = -dLoss/dlogprobs, then the step
+    assert [(c[0], c[3] if c[0] == "forward_backward" else None) for c in calls[1:]] == [
+        ("forward_backward", True),
+        ("forward_backward", False),
+        ("optim_step", None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("datum", "message"),
     [
@@ -314,6 +337,21 @@ def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
             http.get("/api/v1/healthz")
             times.append(time.perf_counter() - t0)
     assert sorted(times)[10] < 0.02
+
+
+def test_silent_sessions_expire(fake_server: FakeServer) -> None:
+    from tinker_local.server import sessions
+
+    service = fake_server.server.service
+    with httpx.Client(base_url=fake_server.base_url, timeout=5) as http:
+        session_id = http.post(
+            "/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "x"}
+        ).json()["session_id"]
+    now = service.state.sessions[session_id].last_seen
+    timeout = service.settings.session_timeout_s
+    assert session_id not in sessions.expire_silent_sessions(service, now + timeout / 2)
+    assert session_id in sessions.expire_silent_sessions(service, now + timeout + 1)
+    assert service.state.sessions[session_id].finished is not None
 
 
 def test_server_capabilities(service: tinker.ServiceClient) -> None:
