@@ -85,6 +85,7 @@ class RLConfig:
     eval_max_tokens: int | None = None  # default: max_tokens
     save_every: int = 20  # steps; 0 = only the final checkpoint
     transcripts_per_step: int = 2
+    eval_transcripts: int = 8  # decoded evaluation episodes kept per evaluation
     wandb_project: str | None = None
     tensorboard: bool = False
 
@@ -110,6 +111,7 @@ class RLConfig:
             "eval_every": self.eval_every >= 0,
             "save_every": self.save_every >= 0,
             "transcripts_per_step": self.transcripts_per_step >= 0,
+            "eval_transcripts": self.eval_transcripts >= 0,
         }
         for name, ok in checks.items():
             if not ok:

@@ -1,0 +1,239 @@
+"""A numpy engine with the RL losses, behind the real tinker-local server, for fast loop tests.
+
+The "model" is one logit vector `w` over a 64-token vocabulary: every position samples from
+softmax(w). The losses (importance_sampling, ppo, cross_entropy) and Adam are implemented
+exactly, so the RL loop's whole path (SDK -> HTTP -> server -> engine and back) is exercised
+in well under a second per step. It implements the Engine facade of docs/internals.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tinker import types
+
+from tinker_local.server.engine_api import EngineApi
+from tinker_local.server.runner import LocalServer
+from tinker_local.server.service import ServerSettings
+
+VOCAB = 64
+BASE = "test/bandit"
+
+
+class BanditError(Exception):
+    def __init__(self, message: str, category: str = "user") -> None:
+        super().__init__(message)
+        self.category = category
+
+
+@dataclass
+class LoraSpec:
+    rank: int = 32
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+
+@dataclass
+class SampleRequest:
+    sampler_id: str
+    prompt: list[int]
+    sampling_params: types.SamplingParams
+    num_samples: int = 1
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+
+
+@dataclass
+class Meta:
+    base_model: str
+    lora: LoraSpec
+    tokenizer_path: str = ""
+    lora_rank: int = 0
+
+
+@dataclass
+class _Model:
+    w: np.ndarray
+    lora: LoraSpec
+    grad: np.ndarray = field(default_factory=lambda: np.zeros(VOCAB))
+    m: np.ndarray = field(default_factory=lambda: np.zeros(VOCAB))
+    v: np.ndarray = field(default_factory=lambda: np.zeros(VOCAB))
+    steps: int = 0
+
+
+def log_softmax(w: np.ndarray) -> np.ndarray:
+    z = w - w.max()
+    return z - np.log(np.exp(z).sum())
+
+
+class BanditEngine:
+    def __init__(self, tokenizer_path: str):
+        self.tokenizer_path = tokenizer_path
+        self.models: dict[str, _Model] = {}
+        self.samplers: dict[str, np.ndarray] = {}
+        self.loss_fns: list[str] = []
+        self.sample_calls: list[SampleRequest] = []
+
+    def available_models(self) -> list[str]:
+        return [BASE]
+
+    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+        if base_model != BASE:
+            raise BanditError(f"unknown base model {base_model!r}")
+        self.models[model_id] = _Model(np.zeros(VOCAB), lora)
+
+    def model_info(self, model_id: str) -> Meta:
+        m = self.models[model_id]
+        return Meta(BASE, m.lora, self.tokenizer_path, m.lora.rank)
+
+    def forward_backward(self, model_id, data, loss_fn, loss_fn_config, forward_only):
+        model = self.models[model_id]
+        self.loss_fns.append(loss_fn)
+        logp = log_softmax(model.w)
+        probs = np.exp(logp)
+        cfg = loss_fn_config or {}
+        lo, hi = cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+        outputs, total, grad = [], 0.0, np.zeros(VOCAB)
+        for i, datum in enumerate(data):
+            n = len(datum.model_input.to_ints())
+            ins = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+            targets = ins["target_tokens"].astype(np.int64)
+            for name, arr in ins.items():
+                if arr.shape[0] != n:
+                    raise BanditError(f"datum {i}: {name} has length {arr.shape[0]}, not {n}")
+            lp = logp[targets]
+            for t, pos_lp, k in zip(targets, lp, range(n)):
+                onehot = np.eye(VOCAB)[t]
+                if loss_fn == "cross_entropy":
+                    wt = ins["weights"][k]
+                    total += -wt * pos_lp
+                    grad += wt * (probs - onehot)
+                    continue
+                adv, old = ins["advantages"][k], ins["logprobs"][k]
+                ratio = float(np.exp(pos_lp - old))
+                dratio = ratio * (onehot - probs)  # d ratio / d w
+                if loss_fn == "importance_sampling":
+                    total += -ratio * adv
+                    grad += -adv * dratio
+                elif loss_fn == "ppo":
+                    clipped = min(max(ratio, lo), hi)
+                    if ratio * adv <= clipped * adv:
+                        total += -ratio * adv
+                        grad += -adv * dratio
+                    else:
+                        total += -clipped * adv
+                else:
+                    raise BanditError(f"loss_fn {loss_fn!r} not in the bandit engine")
+            outputs.append({"logprobs": types.TensorData.from_numpy(lp.astype(np.float32))})
+        if not forward_only:
+            model.grad += grad
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}
+        )
+
+    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
+        m = self.models[model_id]
+        g = m.grad
+        norm = float(np.linalg.norm(g))
+        if adam.grad_clip_norm and norm > adam.grad_clip_norm:
+            g = g * (adam.grad_clip_norm / norm)
+        m.steps += 1
+        m.m = adam.beta1 * m.m + (1 - adam.beta1) * g
+        m.v = adam.beta2 * m.v + (1 - adam.beta2) * g * g
+        mhat = m.m / (1 - adam.beta1**m.steps)
+        vhat = m.v / (1 - adam.beta2**m.steps)
+        m.w = m.w - adam.learning_rate * mhat / (np.sqrt(vhat) + adam.eps)
+        m.grad = np.zeros(VOCAB)
+        return types.OptimStepResponse(metrics={"grad_norm:mean": norm})
+
+    def _dump(self, m: _Model, directory: Path, with_optimizer: bool) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"w": m.w.tolist(), "rank": m.lora.rank}
+        if with_optimizer:
+            state.update(m=m.m.tolist(), v=m.v.tolist(), steps=m.steps)
+        (directory / "bandit.json").write_text(json.dumps(state))
+
+    def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
+        self._dump(self.models[model_id], directory, with_optimizer)
+
+    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
+        state = json.loads((directory / "bandit.json").read_text())
+        m = self.models[model_id]
+        m.w = np.array(state["w"])
+        if with_optimizer:
+            m.m, m.v, m.steps = np.array(state["m"]), np.array(state["v"]), state["steps"]
+
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        self._dump(self.models[model_id], directory, with_optimizer=False)
+
+    def unload_model(self, model_id: str) -> None:
+        self.models.pop(model_id, None)
+
+    @staticmethod
+    def read_checkpoint_meta(directory: Path) -> Meta:
+        state = json.loads((directory / "bandit.json").read_text())
+        return Meta(BASE, LoraSpec(rank=state["rank"]))
+
+    def create_sampler(self, sampler_id, *, base_model=None, adapter_dir=None, from_model_id=None):
+        if from_model_id is not None:
+            self.samplers[sampler_id] = self.models[from_model_id].w.copy()
+        elif adapter_dir is not None:
+            state = json.loads((Path(adapter_dir) / "bandit.json").read_text())
+            self.samplers[sampler_id] = np.array(state["w"])
+        else:
+            self.samplers[sampler_id] = np.zeros(VOCAB)
+        return BASE
+
+    def unload_sampler(self, sampler_id: str) -> None:
+        self.samplers.pop(sampler_id, None)
+
+    def sample_batch(self, requests: list[SampleRequest]) -> list[Any]:
+        return [self._sample(r) for r in requests]
+
+    def _sample(self, req: SampleRequest) -> Any:
+        self.sample_calls.append(req)
+        logp = log_softmax(self.samplers[req.sampler_id])
+        p = req.sampling_params
+        stop = {t for t in (p.stop or []) if isinstance(t, int)}
+        rng = np.random.default_rng(p.seed)
+        seqs = []
+        for _ in range(req.num_samples):
+            tokens, reason = [], "length"
+            for _ in range(p.max_tokens or 16):
+                if p.temperature == 0:
+                    t = int(np.argmax(logp))
+                else:
+                    t = int(rng.choice(VOCAB, p=np.exp(log_softmax(logp / p.temperature))))
+                tokens.append(t)
+                if t in stop:
+                    reason = "stop"
+                    break
+            seqs.append(
+                types.SampledSequence(
+                    stop_reason=reason,
+                    sequence_id="",
+                    tokens_np=np.array(tokens, dtype=np.int32),
+                    logprobs_np=logp[tokens].astype(np.float32),
+                )
+            )
+        prompt_lp = None
+        if req.prompt_logprobs:
+            prompt_lp = np.concatenate([[np.nan], logp[req.prompt[1:]]]).astype(np.float32)
+        return types.SampleResponse(sequences=seqs, prompt_logprobs_np=prompt_lp)
+
+
+def start_bandit_server(engine: BanditEngine, checkpoints_root: Path) -> LocalServer:
+    api = EngineApi(
+        make_engine=lambda: engine,
+        lora_spec=LoraSpec,
+        sample_request=SampleRequest,
+        read_checkpoint_meta=BanditEngine.read_checkpoint_meta,
+    )
+    settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0)
+    return LocalServer(api, settings).start()

@@ -1,0 +1,51 @@
+import json
+
+import pytest
+
+from tinker_local.rl import cli
+from tinker_local.tasks import arithmetic
+
+
+def test_flags_override_config_file(tmp_path):
+    f = tmp_path / "rl.json"
+    f.write_text(json.dumps({"max_steps": 7, "group_size": 4, "log_dir": "from-file"}))
+    args = cli.build_parser().parse_args(
+        [
+            "--task",
+            "arithmetic",
+            "--config",
+            str(f),
+            "--group-size",
+            "6",
+            "--normalize-advantages-by-std",
+            "false",
+            "--task-option",
+            "digits=1",
+            "--task-option",
+            "path=sample",
+            "--loss-fn",
+            "cispo",
+        ]
+    )
+    cfg = cli.config_from_args(args)
+    assert (cfg.max_steps, cfg.group_size, cfg.log_dir) == (7, 6, "from-file")
+    assert cfg.normalize_advantages_by_std is False and cfg.loss_fn == "cispo"
+    assert dict(args.task_option) == {"digits": 1, "path": "sample"}
+
+
+def test_default_log_dir_and_bad_values():
+    args = cli.build_parser().parse_args(["--task", "gsm8k"])
+    assert cli.config_from_args(args).log_dir == "runs/rl-gsm8k"
+    bad = cli.build_parser().parse_args(["--task", "gsm8k", "--loss-fn", "sft"])
+    with pytest.raises(ValueError, match="RLConfig.loss_fn"):
+        cli.config_from_args(bad)
+
+
+def test_task_lookup_builds_train_and_test_datasets():
+    args = cli.build_parser().parse_args(["--task", "arithmetic", "--batch-size", "4"])
+    cfg = cli.config_from_args(args)
+    train, test = cli.datasets_for("arithmetic", cfg, {"digits": 1, "n_test": 20})(object())
+    assert isinstance(train, arithmetic.ArithmeticDataset) and len(train.get_batch(0)) == 4
+    assert sum(len(test.get_batch(i)) for i in range(len(test))) == 20
+    with pytest.raises(SystemExit, match="unknown task"):
+        cli.task_factory("no-such-task")
