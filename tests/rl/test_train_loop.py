@@ -176,3 +176,16 @@ def test_all_constant_batch_warns_and_skips_the_update(bandit, tmp_path, caplog)
     train = [r for r in rows(c.log_dir) if "reward/mean" in r]
     assert all(r["constant_group_fraction"] == 1.0 for r in train)
     assert all(r["skipped_minibatches"] == 1.0 for r in train)
+
+
+def test_kl_penalty_and_truncated_importance_weights_run_and_report(bandit, tmp_path):
+    _, client = bandit
+    c = cfg(tmp_path, max_steps=4, eval_every=0, kl_penalty_coef=0.5, tis_cap=2.0)
+    run(c, datasets(), service_client=client)
+    train = [r for r in rows(c.log_dir) if "reward/mean" in r]
+    # step 0 samples from the base weights: no divergence yet; later steps drift from the base
+    assert train[0]["kl_sampler_base"] == pytest.approx(0.0, abs=1e-6)
+    assert train[-1]["kl_sampler_base"] > 0.0
+    # sampler and learner share weights here, so the importance weights are 1
+    assert all(r["tis/weight_mean"] == pytest.approx(1.0, abs=1e-4) for r in train)
+    assert all(r["tis/capped_fraction"] == 0.0 for r in train)
