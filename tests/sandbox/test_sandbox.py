@@ -25,8 +25,9 @@ MODES = [pytest.param("namespace", marks=needs_namespace), "plain"]
 def run(code: str, mode: str = "auto", **kwargs) -> object:
     stdin = kwargs.pop("stdin", "")
     files = kwargs.pop("files", None)
-    return run_python_sync(code, stdin=stdin, files=files,
-                           config=SandboxConfig(isolation=mode, **kwargs))
+    return run_python_sync(
+        code, stdin=stdin, files=files, config=SandboxConfig(isolation=mode, **kwargs)
+    )
 
 
 def _sandbox_uid_processes() -> list[int]:
@@ -95,7 +96,9 @@ def test_fork_bomb_is_blocked_by_guard(mode: str) -> None:
 @needs_namespace
 def test_fork_bomb_without_guard_is_contained_and_reaped() -> None:
     # OS layer only: RLIMIT_NPROC caps it at 8 tasks; the PID namespace dies with the run.
-    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    code = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
     start = time.monotonic()
     res = run(code, timeout_s=1.5, python_guard=False, allow_subprocess=True, max_processes=8)
     assert time.monotonic() - start < 6
@@ -195,6 +198,7 @@ def test_bad_file_path_is_a_caller_error() -> None:
 def test_async_runs_share_the_concurrency_limit() -> None:
     set_concurrency(2)
     try:
+
         async def main() -> list:
             codes = [f"import time\ntime.sleep(0.3)\nprint({i})" for i in range(6)]
             return await asyncio.gather(*(run_python(c) for c in codes))

@@ -41,7 +41,9 @@ def test_generation_is_seeded_and_splits_differ() -> None:
     a = [p.statement for p in deduction.make_problems("train", 5, seed=1)]
     assert a == [p.statement for p in deduction.make_problems("train", 5, seed=1)]
     b = abduction.make_problems("test", 5, seed=1)
-    assert [p.program for p in b] != [p.program for p in abduction.make_problems("train", 5, seed=1)]
+    assert [p.program for p in b] != [
+        p.program for p in abduction.make_problems("train", 5, seed=1)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -140,12 +142,22 @@ def test_malformed_and_hostile_programs_score_zero_with_a_reason(answer: str, re
 def _write_rl_python(path: Path) -> None:
     rows = [
         {"program": "print(int(input()) * 2)", "inputs": "21\n", "output": "42\n"},
-        {"prompt": "Echo the line.", "verification_info": json.dumps(
-            {"test_cases": [{"type": "stdin_stdout", "input": "hi", "output": "hi"},
-                            {"type": "function_call", "fn_name": "f", "input": [1], "output": [1]}]}
-        )},
-        {"prompt": "Sum a list.", "test_cases": "{'test_cases': [{'type': 'stdin_stdout', "
-                                                 "'input': ['3', '1 2 3'], 'output': '6'}]}"},
+        {
+            "prompt": "Echo the line.",
+            "verification_info": json.dumps(
+                {
+                    "test_cases": [
+                        {"type": "stdin_stdout", "input": "hi", "output": "hi"},
+                        {"type": "function_call", "fn_name": "f", "input": [1], "output": [1]},
+                    ]
+                }
+            ),
+        },
+        {
+            "prompt": "Sum a list.",
+            "test_cases": "{'test_cases': [{'type': 'stdin_stdout', "
+            "'input': ['3', '1 2 3'], 'output': '6'}]}",
+        },
         {"prompt": "bad", "verification_info": "{not json"},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json at all\n")
@@ -172,7 +184,10 @@ def test_rl_python_loader_reads_local_file_and_hf_cache_layout(tmp_path: Path, m
     probs = abduction.make_problems("train", 5, source="rl-python", sandbox=FAST)
     assert len(probs) == 1 and probs[0].score("<INPUT>21</INPUT>").reward == 1.0
     ded_probs = deduction.make_problems("train", 5, source="rl-python", sandbox=FAST)
-    assert ded_probs[1].score("```python\nn=input()\nprint(sum(map(int,input().split())))\n```").reward == 1.0
+    assert (
+        ded_probs[1].score("```python\nn=input()\nprint(sum(map(int,input().split())))\n```").reward
+        == 1.0
+    )
 
 
 def test_rl_python_missing_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:

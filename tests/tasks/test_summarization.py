@@ -42,8 +42,9 @@ def test_compression_score_shape() -> None:
 
 
 def test_reward_formula_mixes_rouge_and_compression() -> None:
-    p = SummarizationProblem("one two three four five six seven eight nine ten", "one two",
-                             alpha=0.5, target_ratio=0.2)
+    p = SummarizationProblem(
+        "one two three four five six seven eight nine ten", "one two", alpha=0.5, target_ratio=0.2
+    )
     s = p.score("one two")  # exact match, ratio 0.2
     assert s.reward == pytest.approx(1.0)
     long = p.score("one two three four five six seven eight nine ten")

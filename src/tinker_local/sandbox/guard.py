@@ -13,17 +13,39 @@ import os
 import sys
 
 _NETWORK_EVENTS = {
-    "socket.__new__", "socket.bind", "socket.connect", "socket.getaddrinfo",
-    "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg",
+    "socket.__new__",
+    "socket.bind",
+    "socket.connect",
+    "socket.getaddrinfo",
+    "socket.gethostbyname",
+    "socket.gethostbyaddr",
+    "socket.sendto",
+    "socket.sendmsg",
 }
 _PROCESS_EVENTS = {
-    "os.system", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
-    "subprocess.Popen", "pty.spawn",
+    "os.system",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.exec",
+    "subprocess.Popen",
+    "pty.spawn",
 }
 # Events whose first argument is a path the program wants to change.
 _WRITE_PATH_EVENTS = {
-    "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-    "os.link", "os.symlink", "shutil.rmtree", "shutil.copyfile", "shutil.move",
+    "os.remove",
+    "os.rmdir",
+    "os.mkdir",
+    "os.chmod",
+    "os.chown",
+    "os.truncate",
+    "os.utime",
+    "os.link",
+    "os.symlink",
+    "shutil.rmtree",
+    "shutil.copyfile",
+    "shutil.move",
 }
 _LIST_EVENTS = {"os.listdir", "os.scandir"}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -68,8 +90,10 @@ def _install(cfg: dict) -> None:
             deny(f"listing {args[0]!r}", event)
         elif event in _WRITE_PATH_EVENTS and args and not inside(args[0], write_roots):
             deny(f"changing {args[0]!r}", event)
-        elif event == "os.rename" and len(args) >= 2 and not (
-            inside(args[0], write_roots) and inside(args[1], write_roots)
+        elif (
+            event == "os.rename"
+            and len(args) >= 2
+            and not (inside(args[0], write_roots) and inside(args[1], write_roots))
         ):
             deny(f"moving {args[0]!r}", event)
 

@@ -10,7 +10,7 @@ import warnings
 
 @functools.lru_cache(maxsize=1)
 def detect_isolation() -> str:
-    """"namespace" when we are root on Linux and a probe run works there, else "plain".
+    """ "namespace" when we are root on Linux and a probe run works there, else "plain".
 
     `TINKER_LOCAL_SANDBOX_ISOLATION` forces one. The probe costs one short run (~0.1 s).
     """
@@ -21,7 +21,9 @@ def detect_isolation() -> str:
         return "plain"
     from tinker_local.sandbox.runner import SandboxConfig, run_python_sync
 
-    probe = run_python_sync("print('ok')", config=SandboxConfig(timeout_s=20, isolation="namespace"))
+    probe = run_python_sync(
+        "print('ok')", config=SandboxConfig(timeout_s=20, isolation="namespace")
+    )
     if probe.ok and probe.stdout.strip() == "ok":
         return "namespace"
     warnings.warn(

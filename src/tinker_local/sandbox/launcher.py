@@ -84,8 +84,9 @@ def _build_root(cfg: dict) -> str:
         path = os.path.join(root, mnt)
         os.makedirs(path, exist_ok=True)
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
-    shutil.copytree(os.path.join(cfg["staging"], "files"), os.path.join(root, "sandbox"),
-                    dirs_exist_ok=True)
+    shutil.copytree(
+        os.path.join(cfg["staging"], "files"), os.path.join(root, "sandbox"), dirs_exist_ok=True
+    )
     _chown_tree(os.path.join(root, "sandbox"), cfg["uid"], cfg["gid"])
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, None)
     return root
@@ -128,14 +129,26 @@ def _exec_program(cfg: dict, workdir: str, tmpdir: str) -> None:
     }
     guard = dict(cfg["guard"], workdir=workdir, tmpdir=tmpdir)
     py = cfg["python"]
-    argv = [py, "-I", "-S", "-B", "-X", "utf8", "-c", cfg["runner_source"], cfg["main"],
-            json.dumps(guard)]
+    argv = [
+        py,
+        "-I",
+        "-S",
+        "-B",
+        "-X",
+        "utf8",
+        "-c",
+        cfg["runner_source"],
+        cfg["main"],
+        json.dumps(guard),
+    ]
     os.execve(py, argv, env)
 
 
 def _write_status(cfg: dict, status: int) -> None:
-    info = {"exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+    info = {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    }
     with open(os.path.join(cfg["staging"], "status.json"), "w") as f:
         json.dump(info, f)
 

@@ -45,8 +45,13 @@ def _last_line(text: str) -> str:
 
 
 def failure_reason(
-    *, stderr: str, exit_code: int | None, signal_number: int | None, timed_out: bool,
-    output_exceeded: bool, config: SandboxConfig,
+    *,
+    stderr: str,
+    exit_code: int | None,
+    signal_number: int | None,
+    timed_out: bool,
+    output_exceeded: bool,
+    config: SandboxConfig,
 ) -> str:
     """The most specific explanation first: our limits, then the guard, then the program."""
     if exit_code == SETUP_FAILED and "sandbox setup failed" in stderr:
@@ -68,14 +73,25 @@ def failure_reason(
 
 
 def interpret(
-    *, stdout: bytes, stderr: bytes, exit_code: int | None, signal_number: int | None,
-    timed_out: bool, output_exceeded: bool, config: SandboxConfig, isolation: str,
+    *,
+    stdout: bytes,
+    stderr: bytes,
+    exit_code: int | None,
+    signal_number: int | None,
+    timed_out: bool,
+    output_exceeded: bool,
+    config: SandboxConfig,
+    isolation: str,
     duration_s: float,
 ) -> SandboxResult:
     err = stderr.decode("utf-8", errors="replace")
     reason = failure_reason(
-        stderr=err, exit_code=exit_code, signal_number=signal_number, timed_out=timed_out,
-        output_exceeded=output_exceeded, config=config,
+        stderr=err,
+        exit_code=exit_code,
+        signal_number=signal_number,
+        timed_out=timed_out,
+        output_exceeded=output_exceeded,
+        config=config,
     )
     ok = exit_code == 0 and not timed_out and not output_exceeded and signal_number is None
     return SandboxResult(

@@ -98,7 +98,9 @@ def _stage(staging: Path, code: str, stdin: str, files: dict[str, str | bytes] |
 
 def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None) -> dict:
     base_python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    python_dirs = sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)})
+    python_dirs = sorted(
+        {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    )
     cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 1
     return {
         "mode": mode,
@@ -251,8 +253,14 @@ def run_python_sync(
         status = _read_status(staging)
         exit_code, sig = status if status else _decode_returncode(proc.returncode)
         return interpret(
-            stdout=out, stderr=err, exit_code=exit_code, signal_number=sig,
-            timed_out=timed_out, output_exceeded=exceeded, config=cfg, isolation=mode,
+            stdout=out,
+            stderr=err,
+            exit_code=exit_code,
+            signal_number=sig,
+            timed_out=timed_out,
+            output_exceeded=exceeded,
+            config=cfg,
+            isolation=mode,
             duration_s=duration,
         )
     finally:

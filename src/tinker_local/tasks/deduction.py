@@ -83,7 +83,9 @@ class DeductionProblem(SingleTurnProblem):
         for stdin, expected in self.tests:
             result = run_python_sync(program, stdin=stdin, config=self.sandbox)
             results.append(result)
-            if not self.partial_credit and not (result.ok and outputs_match(expected, result.stdout)):
+            if not self.partial_credit and not (
+                result.ok and outputs_match(expected, result.stdout)
+            ):
                 break  # all-or-nothing: the rest can't change the reward
         return self._verdict(results)
 
@@ -96,7 +98,9 @@ class DeductionProblem(SingleTurnProblem):
             return await run_python(program, stdin=stdin, config=self.sandbox)
 
         first = await run(self.tests[0][0])
-        if not self.partial_credit and not (first.ok and outputs_match(self.tests[0][1], first.stdout)):
+        if not self.partial_credit and not (
+            first.ok and outputs_match(self.tests[0][1], first.stdout)
+        ):
             return self._verdict([first])
         rest = await asyncio.gather(*(run(stdin) for stdin, _ in self.tests[1:]))
         return self._verdict([first, *rest])

@@ -51,8 +51,26 @@ def _list_input(rng: random.Random, lo: int = -20, hi: int = 50) -> str:
     return f"{len(values)}\n{' '.join(map(str, values))}\n"
 
 
-_WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "orbit", "pixel", "maple",
-          "noon", "level", "radar", "kayak", "delta", "sigma", "quartz", "banana", "civic")
+_WORDS = (
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "lemon",
+    "orbit",
+    "pixel",
+    "maple",
+    "noon",
+    "level",
+    "radar",
+    "kayak",
+    "delta",
+    "sigma",
+    "quartz",
+    "banana",
+    "civic",
+)
 
 # A family draws its parameters and returns (statement, source, input generator).
 Family = Callable[[random.Random], tuple[str, str, Callable[[random.Random], str]]]
@@ -60,10 +78,13 @@ Family = Callable[[random.Random], tuple[str, str, Callable[[random.Random], str
 
 def scaled_sum(rng: random.Random):
     a, b = rng.randint(2, 9), rng.randint(-10, 10)
-    stmt = (f"Read an integer n, then a line of n integers. Print the sum of the integers "
-            f"multiplied by {a}, plus {b}.")
-    src = (f"n = int(input())\nnums = list(map(int, input().split()))\n"
-           f"print(sum(nums) * {a} + {b})\n")
+    stmt = (
+        f"Read an integer n, then a line of n integers. Print the sum of the integers "
+        f"multiplied by {a}, plus {b}."
+    )
+    src = (
+        f"n = int(input())\nnums = list(map(int, input().split()))\nprint(sum(nums) * {a} + {b})\n"
+    )
     return stmt, src, _list_input
 
 
@@ -76,30 +97,39 @@ def count_letter(rng: random.Random):
 
 def caesar(rng: random.Random):
     k = rng.randint(1, 25)
-    stmt = (f"Read a lowercase word. Print it with every letter shifted {k} places forward in "
-            "the alphabet, wrapping from z to a.")
-    src = (f"w = input().strip()\n"
-           f"print(''.join(chr((ord(c) - 97 + {k}) % 26 + 97) for c in w))\n")
+    stmt = (
+        f"Read a lowercase word. Print it with every letter shifted {k} places forward in "
+        "the alphabet, wrapping from z to a."
+    )
+    src = f"w = input().strip()\nprint(''.join(chr((ord(c) - 97 + {k}) % 26 + 97) for c in w))\n"
     return stmt, src, lambda r: r.choice(_WORDS) + "\n"
 
 
 def fizz_lines(rng: random.Random):
     a, b = rng.sample([2, 3, 4, 5, 7], 2)
-    stmt = (f"Read an integer n. For i from 1 to n print one line: 'FizzBuzz' if i is divisible "
-            f"by both {a} and {b}, 'Fizz' if only by {a}, 'Buzz' if only by {b}, else i.")
-    src = (f"n = int(input())\nfor i in range(1, n + 1):\n"
-           f"    if i % {a} == 0 and i % {b} == 0:\n        print('FizzBuzz')\n"
-           f"    elif i % {a} == 0:\n        print('Fizz')\n"
-           f"    elif i % {b} == 0:\n        print('Buzz')\n    else:\n        print(i)\n")
+    stmt = (
+        f"Read an integer n. For i from 1 to n print one line: 'FizzBuzz' if i is divisible "
+        f"by both {a} and {b}, 'Fizz' if only by {a}, 'Buzz' if only by {b}, else i."
+    )
+    src = (
+        f"n = int(input())\nfor i in range(1, n + 1):\n"
+        f"    if i % {a} == 0 and i % {b} == 0:\n        print('FizzBuzz')\n"
+        f"    elif i % {a} == 0:\n        print('Fizz')\n"
+        f"    elif i % {b} == 0:\n        print('Buzz')\n    else:\n        print(i)\n"
+    )
     return stmt, src, lambda r: f"{r.randint(1, 16)}\n"
 
 
 def count_divisible(rng: random.Random):
     k = rng.randint(2, 9)
-    stmt = (f"Read two integers lo and hi on one line. Print how many integers x with "
-            f"lo <= x <= hi are divisible by {k}.")
-    src = (f"lo, hi = map(int, input().split())\n"
-           f"print(sum(1 for x in range(lo, hi + 1) if x % {k} == 0))\n")
+    stmt = (
+        f"Read two integers lo and hi on one line. Print how many integers x with "
+        f"lo <= x <= hi are divisible by {k}."
+    )
+    src = (
+        f"lo, hi = map(int, input().split())\n"
+        f"print(sum(1 for x in range(lo, hi + 1) if x % {k} == 0))\n"
+    )
 
     def gen(r: random.Random) -> str:
         lo = r.randint(-30, 60)
@@ -111,8 +141,9 @@ def count_divisible(rng: random.Random):
 def gcd_or_lcm(rng: random.Random):
     which = rng.choice(["gcd", "lcm"])
     stmt = f"Read two positive integers on one line. Print their {which}."
-    src = ("import math\na, b = map(int, input().split())\n"
-           + ("print(math.gcd(a, b))\n" if which == "gcd" else "print(a * b // math.gcd(a, b))\n"))
+    src = "import math\na, b = map(int, input().split())\n" + (
+        "print(math.gcd(a, b))\n" if which == "gcd" else "print(a * b // math.gcd(a, b))\n"
+    )
     return stmt, src, lambda r: f"{r.randint(1, 60)} {r.randint(1, 60)}\n"
 
 
@@ -125,10 +156,14 @@ def palindrome(rng: random.Random):
 
 def top_k(rng: random.Random):
     k = rng.randint(1, 3)
-    stmt = (f"Read an integer n, then a line of n integers. Print the {k} largest values (or all "
-            "of them if there are fewer) in descending order, separated by spaces.")
-    src = (f"n = int(input())\nnums = sorted(map(int, input().split()), reverse=True)\n"
-           f"print(' '.join(map(str, nums[:{k}])))\n")
+    stmt = (
+        f"Read an integer n, then a line of n integers. Print the {k} largest values (or all "
+        "of them if there are fewer) in descending order, separated by spaces."
+    )
+    src = (
+        f"n = int(input())\nnums = sorted(map(int, input().split()), reverse=True)\n"
+        f"print(' '.join(map(str, nums[:{k}])))\n"
+    )
     return stmt, src, _list_input
 
 
@@ -142,30 +177,42 @@ def digit_sum(rng: random.Random):
 def collatz_steps(rng: random.Random):
     odd_mul = rng.choice([3, 5]) if rng.random() < 0.3 else 3
     cap = 200
-    stmt = (f"Read a positive integer n. Repeatedly replace n by n // 2 if it is even, else by "
-            f"{odd_mul} * n + 1, until n == 1 or {cap} steps have been made. Print the number of "
-            "steps made.")
-    src = (f"n = int(input())\nsteps = 0\nwhile n != 1 and steps < {cap}:\n"
-           f"    n = n // 2 if n % 2 == 0 else {odd_mul} * n + 1\n    steps += 1\nprint(steps)\n")
+    stmt = (
+        f"Read a positive integer n. Repeatedly replace n by n // 2 if it is even, else by "
+        f"{odd_mul} * n + 1, until n == 1 or {cap} steps have been made. Print the number of "
+        "steps made."
+    )
+    src = (
+        f"n = int(input())\nsteps = 0\nwhile n != 1 and steps < {cap}:\n"
+        f"    n = n // 2 if n % 2 == 0 else {odd_mul} * n + 1\n    steps += 1\nprint(steps)\n"
+    )
     return stmt, src, lambda r: f"{r.randint(1, 60)}\n"
 
 
 def pair_count(rng: random.Random):
     t = rng.randint(5, 30)
-    stmt = (f"Read an integer n, then a line of n integers. Print the number of pairs of "
-            f"positions i < j whose values add up to {t}.")
-    src = (f"n = int(input())\na = list(map(int, input().split()))\n"
-           f"print(sum(1 for i in range(n) for j in range(i + 1, n) if a[i] + a[j] == {t}))\n")
+    stmt = (
+        f"Read an integer n, then a line of n integers. Print the number of pairs of "
+        f"positions i < j whose values add up to {t}."
+    )
+    src = (
+        f"n = int(input())\na = list(map(int, input().split()))\n"
+        f"print(sum(1 for i in range(n) for j in range(i + 1, n) if a[i] + a[j] == {t}))\n"
+    )
     return stmt, src, lambda r: _list_input(r, 0, t)
 
 
 def prefix_max(rng: random.Random):
     sep = rng.choice([" ", ",", ";"])
-    stmt = (f"Read an integer n, then a line of n integers. Print the running maximum after "
-            f"each position, joined by {sep!r}.")
-    src = (f"n = int(input())\na = list(map(int, input().split()))\nout, best = [], None\n"
-           f"for x in a:\n    best = x if best is None else max(best, x)\n"
-           f"    out.append(str(best))\nprint({sep!r}.join(out))\n")
+    stmt = (
+        f"Read an integer n, then a line of n integers. Print the running maximum after "
+        f"each position, joined by {sep!r}."
+    )
+    src = (
+        f"n = int(input())\na = list(map(int, input().split()))\nout, best = [], None\n"
+        f"for x in a:\n    best = x if best is None else max(best, x)\n"
+        f"    out.append(str(best))\nprint({sep!r}.join(out))\n"
+    )
     return stmt, src, _list_input
 
 
@@ -179,18 +226,37 @@ def word_lengths(rng: random.Random):
 def alternating_sum(rng: random.Random):
     start = rng.choice(["+", "-"])
     sign = "1" if start == "+" else "-1"
-    stmt = (f"Read an integer n, then a line of n integers. Print the alternating sum, with the "
-            f"first value counted as {'positive' if start == '+' else 'negative'} and signs "
-            "alternating after that.")
-    src = (f"n = int(input())\na = list(map(int, input().split()))\ns, sign = 0, {sign}\n"
-           f"for x in a:\n    s += sign * x\n    sign = -sign\nprint(s)\n")
+    stmt = (
+        f"Read an integer n, then a line of n integers. Print the alternating sum, with the "
+        f"first value counted as {'positive' if start == '+' else 'negative'} and signs "
+        "alternating after that."
+    )
+    src = (
+        f"n = int(input())\na = list(map(int, input().split()))\ns, sign = 0, {sign}\n"
+        f"for x in a:\n    s += sign * x\n    sign = -sign\nprint(s)\n"
+    )
     return stmt, src, _list_input
 
 
-FAMILIES: dict[str, Family] = {f.__name__: f for f in (
-    scaled_sum, count_letter, caesar, fizz_lines, count_divisible, gcd_or_lcm, palindrome,
-    top_k, digit_sum, collatz_steps, pair_count, prefix_max, word_lengths, alternating_sum,
-)}
+FAMILIES: dict[str, Family] = {
+    f.__name__: f
+    for f in (
+        scaled_sum,
+        count_letter,
+        caesar,
+        fizz_lines,
+        count_divisible,
+        gcd_or_lcm,
+        palindrome,
+        top_k,
+        digit_sum,
+        collatz_steps,
+        pair_count,
+        prefix_max,
+        word_lengths,
+        alternating_sum,
+    )
+}
 
 
 def generate_program(rng: random.Random, n_tests: int = 5) -> CodeProgram:

@@ -21,9 +21,19 @@ from dataclasses import dataclass
 
 from tinker_local.rl.types import Message, Score, SingleTurnProblem
 
-_VALUE = {"true": True, "t": True, "1": True, "yes": True, "false": False, "f": False,
-          "0": False, "no": False}
-_ASSIGNMENT = re.compile(r"\bx\s*(\d+)\s*(?:=|:|is|->)\s*(true|false|yes|no|t|f|1|0)\b", re.IGNORECASE)
+_VALUE = {
+    "true": True,
+    "t": True,
+    "1": True,
+    "yes": True,
+    "false": False,
+    "f": False,
+    "0": False,
+    "no": False,
+}
+_ASSIGNMENT = re.compile(
+    r"\bx\s*(\d+)\s*(?:=|:|is|->)\s*(true|false|yes|no|t|f|1|0)\b", re.IGNORECASE
+)
 _THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
 
 SYSTEM_PROMPT = "You are a careful logician. Solve the problem and give the final answer."
@@ -40,9 +50,7 @@ def format_clause(clause: tuple[int, ...]) -> str:
 
 
 def satisfied_clauses(clauses: list[tuple[int, ...]], assignment: dict[int, bool]) -> int:
-    return sum(
-        any(assignment.get(abs(lit)) == (lit > 0) for lit in clause) for clause in clauses
-    )
+    return sum(any(assignment.get(abs(lit)) == (lit > 0) for lit in clause) for clause in clauses)
 
 
 @dataclass

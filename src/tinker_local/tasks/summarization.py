@@ -32,72 +32,115 @@ _UNIS = ("Northfield University", "the Coastal Institute of Technology", "Redmoo
 # domain -> (slot choices, key-sentence templates, filler templates, reference template)
 _DOMAINS: dict[str, tuple[dict[str, tuple[str, ...]], list[str], list[str], str]] = {
     "festival": (
-        {"festival": ("harvest festival", "kite festival", "music fair", "lantern parade"),
-         "attraction": ("a giant pumpkin contest", "a night market", "a brass band parade",
-                        "a sandcastle competition")},
-        ["{town} held its annual {festival} on {day}, drawing about {n} visitors.",
-         ("Organisers said the highlight was {attraction}, which raised {m} dollars for the "
-         "local school.")],
-        ["The weather stayed mild for most of the afternoon.",
-         "Parking near the town hall filled up before noon.",
-         "{name}, who has attended for a decade, said the food stalls were the best yet.",
-         "Volunteers began setting up the stages early in the week.",
-         "The event first took place more than forty years ago.",
-         "Several roads were closed to traffic until the evening.",
-         "A small first-aid tent treated a handful of minor scrapes.",
-         "Local shops reported a busy day as well."],
-        ("{town}'s {festival} on {day} drew about {n} visitors; {attraction} raised {m} dollars "
-        "for the local school."),
+        {
+            "festival": ("harvest festival", "kite festival", "music fair", "lantern parade"),
+            "attraction": (
+                "a giant pumpkin contest",
+                "a night market",
+                "a brass band parade",
+                "a sandcastle competition",
+            ),
+        },
+        [
+            "{town} held its annual {festival} on {day}, drawing about {n} visitors.",
+            (
+                "Organisers said the highlight was {attraction}, which raised {m} dollars for the "
+                "local school."
+            ),
+        ],
+        [
+            "The weather stayed mild for most of the afternoon.",
+            "Parking near the town hall filled up before noon.",
+            "{name}, who has attended for a decade, said the food stalls were the best yet.",
+            "Volunteers began setting up the stages early in the week.",
+            "The event first took place more than forty years ago.",
+            "Several roads were closed to traffic until the evening.",
+            "A small first-aid tent treated a handful of minor scrapes.",
+            "Local shops reported a busy day as well.",
+        ],
+        (
+            "{town}'s {festival} on {day} drew about {n} visitors; {attraction} raised {m} dollars "
+            "for the local school."
+        ),
     ),
     "company": (
-        {"company": ("Brightwave", "Norcast", "Pellium", "Quarrytech", "Velmont"),
-         "industry": ("software", "logistics", "solar energy", "food packaging"),
-         "plan": ("open two new offices", "hire {k} more engineers", "cut its prices",
-                  "expand into Asia")},
-        [("{company}, a {industry} company based in {town}, reported revenue of {m} million "
-         "dollars this quarter, up {p} percent from a year earlier."),
-         "The company said it will {plan} next year."],
-        ["Its shares moved little after the announcement.",
-         "Chief executive {name} thanked staff in a short statement.",
-         "Analysts had expected slightly weaker results.",
-         "The firm was founded in a garage more than a decade ago.",
-         "It employs several hundred people across three sites.",
-         "A new product line is still in testing.",
-         "Competitors have faced rising costs this year.",
-         "The results were published early on {day} morning."],
-        ("{company}'s quarterly revenue rose {p} percent to {m} million dollars, and it will "
-        "{plan} next year."),
+        {
+            "company": ("Brightwave", "Norcast", "Pellium", "Quarrytech", "Velmont"),
+            "industry": ("software", "logistics", "solar energy", "food packaging"),
+            "plan": (
+                "open two new offices",
+                "hire {k} more engineers",
+                "cut its prices",
+                "expand into Asia",
+            ),
+        },
+        [
+            (
+                "{company}, a {industry} company based in {town}, reported revenue of {m} million "
+                "dollars this quarter, up {p} percent from a year earlier."
+            ),
+            "The company said it will {plan} next year.",
+        ],
+        [
+            "Its shares moved little after the announcement.",
+            "Chief executive {name} thanked staff in a short statement.",
+            "Analysts had expected slightly weaker results.",
+            "The firm was founded in a garage more than a decade ago.",
+            "It employs several hundred people across three sites.",
+            "A new product line is still in testing.",
+            "Competitors have faced rising costs this year.",
+            "The results were published early on {day} morning.",
+        ],
+        (
+            "{company}'s quarterly revenue rose {p} percent to {m} million dollars, and it will "
+            "{plan} next year."
+        ),
     ),
     "study": (
-        {"finding": ("regular walking improves sleep quality", ("city trees lower summer "
-                     "temperatures"), "bees can recognise simple patterns", ("short naps improve "
-                     "memory")),
-         "subjects": ("volunteers", "households", "colonies", "students")},
-        ["Researchers at {uni} found that {finding}, according to a study published on {day}.",
-         "The team followed {n} {subjects} over {k} months."],
-        ["The work was funded by a public science grant.",
-         "{name}, who led the project, said more research is needed.",
-         "Earlier studies had produced mixed results.",
-         "The data were collected with simple sensors.",
-         "Some participants dropped out before the end.",
-         "The authors plan a larger follow-up next year.",
-         "Independent experts called the design careful.",
-         "The paper runs to about thirty pages."],
+        {
+            "finding": (
+                "regular walking improves sleep quality",
+                ("city trees lower summer temperatures"),
+                "bees can recognise simple patterns",
+                ("short naps improve memory"),
+            ),
+            "subjects": ("volunteers", "households", "colonies", "students"),
+        },
+        [
+            "Researchers at {uni} found that {finding}, according to a study published on {day}.",
+            "The team followed {n} {subjects} over {k} months.",
+        ],
+        [
+            "The work was funded by a public science grant.",
+            "{name}, who led the project, said more research is needed.",
+            "Earlier studies had produced mixed results.",
+            "The data were collected with simple sensors.",
+            "Some participants dropped out before the end.",
+            "The authors plan a larger follow-up next year.",
+            "Independent experts called the design careful.",
+            "The paper runs to about thirty pages.",
+        ],
         "A {uni} study of {n} {subjects} over {k} months found that {finding}.",
     ),
     "match": (
-        {"team": ("the {town} Rovers", "the {town} Hawks", "the {town} Miners"),
-         "rival": ("Harbor City", "the Valley Rangers", "Northgate United")},
-        ["{team} beat {rival} {s1} to {s2} on {day}, securing a place in the final.",
-         "{name} scored {k} of the goals."],
-        ["The stadium was close to full.",
-         "Rain fell briefly during the first half.",
-         "The coach praised the defence after the game.",
-         "Both sides had won their previous three matches.",
-         "Tickets for the final go on sale next week.",
-         "A minute of applause was held before kick-off.",
-         "The referee showed two yellow cards.",
-         "Fans celebrated in the town square afterwards."],
+        {
+            "team": ("the {town} Rovers", "the {town} Hawks", "the {town} Miners"),
+            "rival": ("Harbor City", "the Valley Rangers", "Northgate United"),
+        },
+        [
+            "{team} beat {rival} {s1} to {s2} on {day}, securing a place in the final.",
+            "{name} scored {k} of the goals.",
+        ],
+        [
+            "The stadium was close to full.",
+            "Rain fell briefly during the first half.",
+            "The coach praised the defence after the game.",
+            "Both sides had won their previous three matches.",
+            "Tickets for the final go on sale next week.",
+            "A minute of applause was held before kick-off.",
+            "The referee showed two yellow cards.",
+            "Fans celebrated in the town square afterwards.",
+        ],
         "{team} beat {rival} {s1}-{s2} on {day} to reach the final, with {name} scoring {k}.",
     ),
 }
@@ -113,23 +156,43 @@ class SummarizationProblem(SingleTurnProblem):
     def messages(self) -> list[Message]:
         words = len(self.passage.split())
         limit = max(5, round(words * self.target_ratio))
-        user = (f"Summarise this passage in at most {limit} words. Keep the key facts (who, "
-                f"what, numbers). Reply with the summary only.\n\n{self.passage}")
+        user = (
+            f"Summarise this passage in at most {limit} words. Keep the key facts (who, "
+            f"what, numbers). Reply with the summary only.\n\n{self.passage}"
+        )
         return [{"role": "user", "content": user}]
 
     def score(self, answer: str) -> Score:
         summary = " ".join(strip_thinking(answer or "").split())
         if not summary:
-            return Score(0.0, {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0,
-                               "compression_ratio": 0.0, "compression_score": 0.0, "empty": 1.0})
+            return Score(
+                0.0,
+                {
+                    "rouge1": 0.0,
+                    "rouge2": 0.0,
+                    "rougeL": 0.0,
+                    "compression_ratio": 0.0,
+                    "compression_score": 0.0,
+                    "empty": 1.0,
+                },
+            )
         scores = _scorer().score(self.reference, summary)
         r1, r2, rl = (scores[k].fmeasure for k in ("rouge1", "rouge2", "rougeL"))
         rouge = (r1 + r2 + rl) / 3
         ratio = len(summary.split()) / len(self.passage.split())
         comp = compression_score(ratio, self.target_ratio)
         reward = rouge * ((1 - self.alpha) + self.alpha * comp)
-        return Score(reward, {"rouge1": r1, "rouge2": r2, "rougeL": rl, "compression_ratio": ratio,
-                              "compression_score": comp, "empty": 0.0})
+        return Score(
+            reward,
+            {
+                "rouge1": r1,
+                "rouge2": r2,
+                "rougeL": rl,
+                "compression_ratio": ratio,
+                "compression_score": comp,
+                "empty": 0.0,
+            },
+        )
 
     def reference_answer(self) -> str:
         return self.reference
@@ -161,10 +224,18 @@ def generate_passage(rng: random.Random, n_filler: tuple[int, int] = (4, 7)) -> 
     """(passage, reference summary) for a random domain."""
     choices, keys, fillers, reference = _DOMAINS[rng.choice(sorted(_DOMAINS))]
     slots = {name: rng.choice(values) for name, values in choices.items()}
-    slots.update(town=rng.choice(_TOWNS), name=rng.choice(_NAMES), day=rng.choice(_DAYS),
-                 uni=rng.choice(_UNIS), n=str(rng.randrange(200, 20000, 50)),
-                 m=str(rng.randint(2, 900)), p=str(rng.randint(2, 60)), k=str(rng.randint(2, 9)),
-                 s1=str(rng.randint(2, 5)), s2=str(rng.randint(0, 1)))
+    slots.update(
+        town=rng.choice(_TOWNS),
+        name=rng.choice(_NAMES),
+        day=rng.choice(_DAYS),
+        uni=rng.choice(_UNIS),
+        n=str(rng.randrange(200, 20000, 50)),
+        m=str(rng.randint(2, 900)),
+        p=str(rng.randint(2, 60)),
+        k=str(rng.randint(2, 9)),
+        s1=str(rng.randint(2, 5)),
+        s2=str(rng.randint(0, 1)),
+    )
     body = rng.sample(fillers, rng.randint(*n_filler))
     second = rng.randint(1, len(body))  # the second key fact lands somewhere in the middle
     sentences = [keys[0], *body[:second], keys[1], *body[second:]]

@@ -1,0 +1,174 @@
+"""Shared machinery for the multi-turn text worlds: action parsing, invalid-action feedback,
+turn budget, metrics, and seeded factories.
+
+A world subclasses `ActionWorld` and implements `_setup()` (build the seeded world, return the
+opening observation), `_apply(action)` (do one parsed action, raise `InvalidAction` with
+feedback when it can't be done) and `expert_action()`. `reset()` rebuilds everything from the
+seed, so a world can be replayed; `make_world_factories` hands out zero-argument callables that
+build fresh, identical worlds (what a group of rollouts needs).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import zlib
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tinker_local.rl.types import Message, TextWorld, WorldStep
+from tinker_local.tasks.code_answers import strip_thinking
+
+
+class InvalidAction(Exception):
+    """An action the world can't carry out; the message is shown to the agent as feedback."""
+
+
+@dataclass
+class ParsedAction:
+    verb: str  # canonical, as listed in the world's `verbs`
+    arg: str  # the rest of the action's line, brackets removed
+    body: str = ""  # any lines after it (multi-line tool input, e.g. a file's content)
+
+
+@dataclass
+class Outcome:
+    observation: str
+    reward: float = 0.0
+    success: bool = False
+    done: bool = False  # ends the episode without success (e.g. a wrong purchase)
+
+
+_PREFIX = re.compile(
+    r"^\s*(?:>+\s*)?(?:(?:next\s+)?(?:action|command|act)\s*[:：-]\s*)?", re.IGNORECASE
+)
+
+
+def parse_action(text: str, verbs: tuple[str, ...]) -> ParsedAction | None:
+    """The first line that starts with a known verb (case, `_` vs space, `verb[arg]`,
+    `verb(arg)`, `verb arg`, an `Action:` prefix and markdown emphasis don't matter)."""
+    lines = strip_thinking(text or "").split("\n")
+    forms = sorted(
+        ((form, verb) for verb in verbs for form in {verb, verb.replace("_", " ")}),
+        key=lambda fv: -len(fv[0]),
+    )
+    for i, raw in enumerate(lines):
+        line = _PREFIX.sub("", raw.strip().strip("`*").strip()).strip("`*").strip()
+        low = line.lower()
+        for form, verb in forms:
+            if low == form or (low.startswith(form) and low[len(form)] in " [(:"):
+                arg = line[len(form) :].strip()
+                if arg[:1] in "[(" and arg[-1:] in "])":
+                    arg = arg[1:-1].strip()
+                return ParsedAction(verb, arg.strip(":").strip(), "\n".join(lines[i + 1 :]))
+    return None
+
+
+class ActionWorld(TextWorld):
+    task_name: str = "world"
+    verbs: tuple[str, ...] = ()
+    action_help: str = ""  # shown in the system prompt and after an unparseable action
+    max_turns: int = 30
+
+    def __init__(self, seed: int = 0, max_turns: int | None = None):
+        self.seed = seed
+        if max_turns is not None:
+            self.max_turns = max_turns
+        self._started = False
+
+    # --- to implement ----------------------------------------------------------------------
+    @abstractmethod
+    def _setup(self) -> str:
+        """Build the world from `self.rng`; return the task and first observation."""
+
+    @abstractmethod
+    def _apply(self, action: ParsedAction) -> Outcome: ...
+
+    # --- shared ------------------------------------------------------------------------------
+    def system_prompt(self) -> str:
+        return (
+            f"You are an agent in a text-based {self.task_name} game. Each turn you read an "
+            "observation and reply with exactly one action on its own line.\n"
+            f"Actions: {self.action_help}"
+        )
+
+    def reset(self) -> list[Message]:
+        self.rng = random.Random(f"{self.task_name}-{self.seed}")
+        self.turn = 0
+        self.invalid_actions = 0
+        self.total_reward = 0.0
+        self.done = False
+        self.success = False
+        self._started = True
+        opening = self._setup()
+        return [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": opening},
+        ]
+
+    def step(self, action: str) -> WorldStep:
+        if not self._started:
+            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+        if self.done:
+            return WorldStep("The episode is over.", 0.0, True, self._metrics(invalid=False))
+        self.turn += 1
+        parsed = parse_action(action, self.verbs)
+        invalid = False
+        try:
+            if parsed is None:
+                raise InvalidAction(f"I don't understand that. Valid actions: {self.action_help}")
+            outcome = self._apply(parsed)
+        except InvalidAction as exc:
+            invalid = True
+            self.invalid_actions += 1
+            outcome = Outcome(f"Invalid action: {exc}")
+        self.total_reward += outcome.reward
+        self.success = self.success or outcome.success
+        self.done = outcome.success or outcome.done or self.turn >= self.max_turns
+        text = outcome.observation
+        if self.done and not outcome.success and not outcome.done:
+            text += f"\nYou ran out of turns ({self.max_turns})."
+        return WorldStep(text, outcome.reward, self.done, self._metrics(invalid))
+
+    def _metrics(self, invalid: bool) -> dict[str, float]:
+        metrics = {"invalid_action": float(invalid)}
+        if self.done:
+            metrics.update(
+                success=float(self.success),
+                invalid_actions=float(self.invalid_actions),
+                turns=float(self.turn),
+            )
+        return metrics
+
+
+def world_seed(task: str, split: str, seed: int, index: int) -> int:
+    """Seeds for train and test come from disjoint hashed streams."""
+    if split not in ("train", "test"):
+        raise ValueError(f"{task}: split must be 'train' or 'test', got {split!r}")
+    return zlib.crc32(f"{task}-{split}-{seed}-{index}".encode())
+
+
+def make_world_factories(
+    cls: type[ActionWorld], split: str, n: int | None, seed: int, **options: object
+) -> list[Callable[[], TextWorld]]:
+    """`n` (default 500 train / 100 test) zero-argument world builders."""
+    count = n if n is not None else (500 if split == "train" else 100)
+    return [
+        functools.partial(cls, world_seed(cls.task_name, split, seed, i), **options)
+        for i in range(count)
+    ]
+
+
+def play(world: TextWorld, policy: Callable[[TextWorld], str]) -> tuple[float, bool, int]:
+    """Run one episode with `policy(world) -> action`: (return, success, invalid actions)."""
+    world.reset()
+    total, last = 0.0, None
+    for _ in range(world.max_turns):
+        last = world.step(policy(world))
+        total += last.reward
+        if last.done:
+            break
+    metrics = last.metrics if last else {}
+    return total, bool(metrics.get("success")), int(metrics.get("invalid_actions", 0))
