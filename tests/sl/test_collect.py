@@ -81,3 +81,20 @@ def test_collection_file_is_sft_data_and_counts_rejections(tmp_path):
     assert [r["task"] for r in lines] == ["arithmetic"] * 4 + ["count"]
     conversations = load_conversations(out)  # the SFT loader reads it back
     assert len(conversations) == 5
+
+
+def test_collect_command_on_real_tasks(tmp_path, capsys):
+    from tinker_local.sl.collect import main
+
+    out = tmp_path / "data.jsonl"
+    assert main(["arithmetic", "grid_world", "--out", str(out), "-n", "3"]) == 0
+    assert "grid_world: kept 3, rejected 0" in capsys.readouterr().out
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    grid = [r for r in records if r["task"] == "grid_world"]
+    assert len(grid) == 3 and all(len(r["messages"]) >= 3 for r in grid)
+    # Training split only: none of the held-out arithmetic questions leak into SFT data.
+    held_out = {p.messages()[0]["content"] for p in make_problems("test")}
+    assert not held_out & {
+        r["messages"][0]["content"] for r in records if r["task"] == "arithmetic"
+    }
+    assert main(["nope", "--out", str(out)]) == 2
