@@ -1,0 +1,119 @@
+"""KV-cached batched sampling with exact logprobs.
+
+    sampler = Sampler(model, tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+    responses = sampler.generate([GenRequest(prompt=[...], params=types.SamplingParams(...))])
+
+`model` is a HF causal LM, or a `peft.PeftModel` holding several LoRA adapters: rows of one
+batch may use different adapters (`GenRequest.adapter_name`, None = the bare base model).
+
+How it works: one prefill per distinct (prompt, adapter) — `num_samples` and identical requests
+share it — then all rows decode together, one token per step, against a pre-allocated
+left-padded KV cache with per-row positions; rows leave the batch as soon as they finish.
+`SamplerLoop` exposes the same machinery step by step: requests submitted while a batch is
+decoding join it at the next step (continuous batching).
+
+Semantics (the hosted Tinker service's):
+- `SampledSequence.logprobs[i]` is log p(token i | prompt, tokens < i) under the distribution
+  the token was drawn from before truncation: softmax(logits / T) at temperature T > 0, the
+  model's own softmax(logits) for greedy (T = 0). At T = 1 this equals a teacher-forced forward
+  pass on the same tokens. top_k / top_p restrict which tokens can be drawn, not the reported
+  logprobs.
+- stop=None stops at the EOS ids; stop=[] never stops early; a list of token ids or of strings
+  (or one string) stops at those and at EOS. The token that triggers a stop is the last token of
+  the output (a stop string's text is thus included). stop_reason is "stop" then, "length" when
+  max_tokens ran out.
+- top_k -1 or 0 = off; top_p in (0, 1]; seed makes a request reproducible whatever else shares
+  the batch (each sample has its own generator).
+- Prompt logprobs are the model's own (temperature 1); entry 0 is None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import torch
+from tinker import types
+
+from tinker_local.engine.sampling.params import (
+    BASE_ADAPTER,
+    GenRequest,
+    SamplingError,
+    ValidRequest,
+    validate_request,
+)
+from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.scheduler import RequestState, Scheduler
+from tinker_local.engine.sampling.stops import Decoder
+
+__all__ = ["BASE_ADAPTER", "GenRequest", "Sampler", "SamplerLoop", "SamplingError"]
+
+
+class Sampler:
+    def __init__(self, model: torch.nn.Module, tokenizer: Decoder | None,
+                 eos_token_ids: Sequence[int]):
+        self.runner = ModelRunner(model)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+
+    def validate(self, request: GenRequest) -> ValidRequest:
+        """Check one request; raises `SamplingError` naming the bad field."""
+        valid = validate_request(request, self.runner.limits(), self.eos_token_ids)
+        if valid.stop.strings and self.tokenizer is None:
+            raise SamplingError("sampling_params.stop: string stops need a tokenizer")
+        return valid
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[types.SampleResponse]:
+        """Sample every request in one batch. Any invalid request raises `SamplingError`
+        (prefixed with its index) before any work is done."""
+        valid = []
+        for i, req in enumerate(requests):
+            try:
+                valid.append(self.validate(req))
+            except SamplingError as e:
+                raise SamplingError(f"request {i}: {e}") from None
+        loop = SamplerLoop(self)
+        futures = [loop.submit_valid(v) for v in valid]
+        loop.run_until_idle()
+        return [f.result() for f in futures]
+
+
+class SamplerLoop:
+    """Continuous batching, driven by the caller: `submit` queues a request, each `step`
+    admits what was queued (prefill) and advances the running batch by one token.
+
+    Not thread-safe: call it from the thread that owns the model (the engine's worker)."""
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.scheduler = Scheduler(sampler.runner, sampler.tokenizer)
+        self._futures: dict[int, tuple[RequestState, Future[types.SampleResponse]]] = {}
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def submit(self, request: GenRequest) -> Future[types.SampleResponse]:
+        """Queue a request (validated now: raises `SamplingError`); it joins at the next step."""
+        return self.submit_valid(self.sampler.validate(request))
+
+    def submit_valid(self, request: ValidRequest) -> Future[types.SampleResponse]:
+        future: Future[types.SampleResponse] = Future()
+        state = self.scheduler.add(request)
+        self._futures[id(state)] = (state, future)
+        return future
+
+    def step(self) -> int:
+        """One scheduling step; returns how many requests completed."""
+        with self.sampler.runner.eval_mode():
+            done = self.scheduler.step()
+        for state in done:
+            _, future = self._futures.pop(id(state))
+            assert state.response is not None
+            future.set_result(state.response)
+        return len(done)
+
+    def run_until_idle(self) -> None:
+        with self.sampler.runner.eval_mode():
+            while not self.idle:
+                self.step()

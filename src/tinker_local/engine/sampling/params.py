@@ -1,0 +1,198 @@
+"""Sampling requests and their validation.
+
+`GenRequest` is what the engine hands the sampler; `validate_request` checks it against the
+model (vocabulary, context length, adapters) and normalises the SDK's `SamplingParams` into a
+`StopSpec` plus plain numbers, raising `SamplingError` naming the bad field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tinker import types
+
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
+
+
+class SamplingError(ValueError):
+    """A sampling request the sampler refuses; the message names the field."""
+
+
+@dataclass
+class GenRequest:
+    """One sampling request: `num_samples` continuations of `prompt`.
+
+    adapter_name None samples the bare base model. `prompt_logprobs` asks for the logprob of
+    every prompt token given the tokens before it (the first is None); `topk_prompt_logprobs`
+    for the k most likely tokens at every prompt position.
+    """
+
+    prompt: list[int]
+    params: types.SamplingParams
+    num_samples: int = 1
+    adapter_name: str | None = None
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    """When a row stops. `token_ids`: a generated token in this set ends the row (it is kept).
+    `strings`: the row ends at the first token whose addition makes the decoded generated text
+    contain one of them (that token is kept, so the output text contains the stop string)."""
+
+    token_ids: frozenset[int] = frozenset()
+    strings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int
+    max_context: int | None  # None: the model states no limit
+    adapters: frozenset[str] = field(default_factory=frozenset)
+    has_adapters: bool = False  # the model is a peft model (adapter_names is accepted)
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    prompt: tuple[int, ...]
+    num_samples: int
+    adapter: str | None
+    max_tokens: int
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float
+    seed: int | None
+    stop: StopSpec
+    prompt_logprobs: bool
+    topk_prompt_logprobs: int
+
+
+def validate_request(
+    req: GenRequest, limits: ModelLimits, eos_token_ids: Sequence[int]
+) -> ValidRequest:
+    prompt = _check_prompt(req.prompt, limits.vocab_size)
+    p = req.params
+    if not isinstance(req.num_samples, int) or req.num_samples < 1:
+        raise SamplingError(f"num_samples must be an integer >= 1, got {req.num_samples!r}")
+    adapter = _check_adapter(req.adapter_name, limits)
+    max_tokens = _check_max_tokens(p.max_tokens, len(prompt), limits.max_context)
+    temperature = _finite(p.temperature, "sampling_params.temperature")
+    if temperature < 0:
+        raise SamplingError(f"sampling_params.temperature must be >= 0, got {temperature}")
+    if not isinstance(p.top_k, int) or p.top_k < -1:
+        raise SamplingError(f"sampling_params.top_k must be -1 (off) or >= 0, got {p.top_k!r}")
+    # The SDK documents -1 as "no limit"; 0 is treated the same (vLLM's convention).
+    top_k = 0 if p.top_k in (-1, 0) or p.top_k >= limits.vocab_size else p.top_k
+    top_p = _finite(p.top_p, "sampling_params.top_p")
+    if not 0 < top_p <= 1:
+        raise SamplingError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    if p.seed is not None and (not isinstance(p.seed, int) or p.seed < 0):
+        raise SamplingError(f"sampling_params.seed must be a non-negative integer, got {p.seed!r}")
+    if req.topk_prompt_logprobs < 0 or req.topk_prompt_logprobs > limits.vocab_size:
+        raise SamplingError(
+            f"topk_prompt_logprobs must be in [0, {limits.vocab_size}], "
+            f"got {req.topk_prompt_logprobs}"
+        )
+    return ValidRequest(
+        prompt=prompt,
+        num_samples=req.num_samples,
+        adapter=adapter,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=p.seed,
+        stop=parse_stop(p.stop, eos_token_ids, limits.vocab_size),
+        prompt_logprobs=bool(req.prompt_logprobs),
+        topk_prompt_logprobs=int(req.topk_prompt_logprobs),
+    )
+
+
+def parse_stop(
+    stop: str | Sequence[str] | Sequence[int] | None, eos_token_ids: Sequence[int], vocab_size: int
+) -> StopSpec:
+    """None: stop at EOS. []: never stop early. Token ids or strings: stop at those, and at EOS
+    too (the hosted service keeps EOS stopping unless `stop` is exactly [])."""
+    eos = frozenset(int(t) for t in eos_token_ids)
+    if stop is None:
+        return StopSpec(token_ids=eos)
+    if isinstance(stop, str):
+        stop = [stop]
+    items = list(stop)
+    if not items:
+        return StopSpec()
+    if all(isinstance(s, str) for s in items):
+        if any(s == "" for s in items):
+            raise SamplingError("sampling_params.stop: stop strings must be non-empty")
+        return StopSpec(token_ids=eos, strings=tuple(dict.fromkeys(items)))
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in items):
+        bad = [s for s in items if not 0 <= s < vocab_size]
+        if bad:
+            raise SamplingError(
+                f"sampling_params.stop: token ids {bad[:5]} are outside the vocabulary "
+                f"[0, {vocab_size})"
+            )
+        return StopSpec(token_ids=eos | frozenset(items))
+    raise SamplingError(
+        "sampling_params.stop must be a string, a list of strings or a list of token ids "
+        f"(not a mix), got {stop!r}"
+    )
+
+
+def _check_prompt(prompt: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    if len(prompt) == 0:
+        raise SamplingError("prompt is empty: at least one token is needed")
+    out = tuple(int(t) for t in prompt)
+    bad = [t for t in out if not 0 <= t < vocab_size]
+    if bad:
+        raise SamplingError(
+            f"prompt: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})"
+        )
+    return out
+
+
+def _check_adapter(name: str | None, limits: ModelLimits) -> str | None:
+    if name is None:
+        return None
+    if not limits.has_adapters:
+        raise SamplingError(f"adapter_name {name!r}: this model has no LoRA adapters")
+    if name != BASE_ADAPTER and name not in limits.adapters:
+        raise SamplingError(
+            f"adapter_name {name!r} is not loaded (known: {sorted(limits.adapters)})"
+        )
+    return None if name == BASE_ADAPTER else name
+
+
+def _check_max_tokens(max_tokens: int | None, prompt_len: int, max_context: int | None) -> int:
+    room = None if max_context is None else max_context - prompt_len
+    if room is not None and room < 1:
+        raise SamplingError(
+            f"prompt has {prompt_len} tokens: no room left in the model's context of "
+            f"{max_context} tokens"
+        )
+    if max_tokens is None:
+        # Like vLLM's OpenAI server: no max_tokens means "up to the end of the context".
+        if room is None:
+            raise SamplingError("sampling_params.max_tokens is required for this model")
+        return room
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise SamplingError(f"sampling_params.max_tokens must be >= 1, got {max_tokens!r}")
+    if room is not None and max_tokens > room:
+        raise SamplingError(
+            f"sampling_params.max_tokens={max_tokens}: prompt ({prompt_len} tokens) + "
+            f"max_tokens exceeds the model's context of {max_context} tokens"
+        )
+    return max_tokens
+
+
+def _finite(x: float, name: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise SamplingError(f"{name} must be a number, got {x!r}") from None
+    if not math.isfinite(v):
+        raise SamplingError(f"{name} must be finite, got {x!r}")
+    return v

@@ -1,0 +1,130 @@
+"""Prefill: run prompts through the model once, keep their KV, and score prompt tokens.
+
+Prompts are left-padded into groups of similar length. Each pad position attends only to
+itself (so it stays finite and never leaks into real positions, which never attend to pads),
+and real tokens get positions 0..n-1 whatever their padding, so a padded prompt computes the
+same values as the prompt alone.
+
+Prompt logprobs are the model's own (temperature 1) log-probabilities, as
+`SamplingClient.compute_logprobs` expects: entry i is log p(prompt[i] | prompt[:i]); entry 0 is
+NaN (the SDK turns it into None). Top-k prompt logprobs use the SDK's dense `TopkLogprobs`
+layout, with row 0 filled by the SDK's "nothing here" sentinel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
+
+from tinker_local.engine.sampling.kv_cache import SlotCache
+from tinker_local.engine.sampling.runner import ModelRunner
+
+# Bounds on one prefill forward: padded tokens (activations), and logits kept when prompt
+# logprobs are wanted ([rows, length, vocab] float32).
+MAX_PREFILL_TOKENS = 8192
+MAX_PREFILL_LOGITS = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PromptKey:
+    prompt: tuple[int, ...]
+    adapter: str | None
+
+
+@dataclass
+class PromptScores:
+    logprobs: np.ndarray | None  # [P] float32, NaN at 0
+    topk: TopkLogprobs | None
+
+
+@dataclass
+class PrefillGroup:
+    """KV and last-position logits of a group of left-padded prompts."""
+
+    keys: list[PromptKey]
+    cache: SlotCache  # width == write_col == padded length
+    valid: torch.Tensor  # [n, width] bool, True at real tokens
+    last_logits: torch.Tensor  # [n, V] float32
+    scores: list[PromptScores | None]
+
+
+def plan_groups(
+    keys: list[PromptKey], wants_scores: list[bool], vocab_size: int
+) -> list[list[int]]:
+    """Indices of `keys`, grouped: prompts that want scores are kept apart (their forward keeps
+    logits at every position), sorted by length so padding stays small."""
+    groups: list[list[int]] = []
+    for scored in (False, True):
+        members = sorted(
+            (i for i in range(len(keys)) if wants_scores[i] == scored),
+            key=lambda i: len(keys[i].prompt),
+        )
+        current: list[int] = []
+        for i in members:
+            length = max([len(keys[j].prompt) for j in current] + [len(keys[i].prompt)])
+            rows = len(current) + 1
+            too_big = rows * length > MAX_PREFILL_TOKENS or (
+                scored and rows * length * vocab_size > MAX_PREFILL_LOGITS
+            )
+            if current and too_big:
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+    return groups
+
+
+def run_prefill(
+    runner: ModelRunner, keys: list[PromptKey], topk: list[int], scored: bool
+) -> PrefillGroup:
+    """Prefill `keys` together. With `scored`, also compute prompt logprobs (and top-k where
+    `topk[i] > 0`) for every prompt of the group."""
+    device = runner.device
+    lengths = [len(k.prompt) for k in keys]
+    n, width = len(keys), max(lengths)
+    ids = torch.zeros((n, width), dtype=torch.int64)
+    valid = torch.zeros((n, width), dtype=torch.bool)
+    for i, k in enumerate(keys):
+        ids[i, width - lengths[i] :] = torch.tensor(k.prompt, dtype=torch.int64)
+        valid[i, width - lengths[i] :] = True
+    ids, valid = ids.to(device), valid.to(device)
+    positions = (valid.cumsum(dim=1) - 1).clamp_(min=0)
+    causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
+    diagonal = torch.eye(width, dtype=torch.bool, device=device)
+    mask = (causal[None] & valid[:, None, :]) | diagonal[None]
+    cache = SlotCache(runner.num_layers, width)
+    logits = runner.forward(
+        ids, positions, mask[:, None], cache, [k.adapter for k in keys], all_positions=scored
+    )
+    cache.write_col = width
+    scores: list[PromptScores | None] = [None] * n
+    if scored:
+        for i in range(n):
+            row_logits = logits[i, width - lengths[i] :]
+            scores[i] = score_prompt(row_logits, keys[i].prompt, topk[i])
+        last = logits[:, -1]
+    else:
+        last = logits
+    return PrefillGroup(keys=keys, cache=cache, valid=valid, last_logits=last, scores=scores)
+
+
+def score_prompt(logits: torch.Tensor, prompt: tuple[int, ...], k: int) -> PromptScores:
+    """logits: [P, V] for the prompt's positions (row j predicts token j + 1)."""
+    logp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
+    targets = torch.tensor(prompt[1:], dtype=torch.int64, device=logits.device)
+    out = np.full(len(prompt), np.nan, dtype=np.float32)
+    out[1:] = logp.gather(1, targets[:, None])[:, 0].cpu().numpy()
+    top = None
+    if k > 0:
+        ids = np.zeros((len(prompt), k), dtype=np.int32)
+        lps = np.full((len(prompt), k), MASK_LOGPROB, dtype=np.float32)
+        if len(prompt) > 1:
+            vals, idx = logp.topk(k, dim=-1)
+            ids[1:] = idx.cpu().numpy().astype(np.int32)
+            lps[1:] = vals.cpu().numpy()
+        top = TopkLogprobs(token_ids=ids, logprobs=lps)
+    return PromptScores(logprobs=out, topk=top)

@@ -1,0 +1,86 @@
+"""One forward pass of a HF causal LM (optionally a peft model with several LoRA adapters)
+against a `SlotCache`, with explicit per-row positions and attention mask.
+
+With peft, every call passes `adapter_names` (one per row, "__base__" for the bare model), so
+rows of one batch can use different adapters and the model's active adapter is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from tinker_local.engine.sampling.kv_cache import SlotCache
+from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.is_peft = _is_peft(model)
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers: int = text_config.num_hidden_layers
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.device = next(model.parameters()).device
+
+    def limits(self) -> ModelLimits:
+        adapters: frozenset[str] = frozenset()
+        if self.is_peft:
+            adapters = frozenset(self.model.peft_config.keys())
+        return ModelLimits(
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            adapters=adapters,
+            has_adapters=self.is_peft,
+        )
+
+    @contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
+        under inference_mode; the caller's training flag is restored afterwards."""
+        was_training = self.model.training
+        if was_training:
+            self.model.eval()
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            if was_training:
+                self.model.train()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: SlotCache,
+        adapters: list[str | None],
+        all_positions: bool = False,
+    ) -> torch.Tensor:
+        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions."""
+        kwargs = {}
+        if self.is_peft:
+            kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in adapters]
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0 if all_positions else 1,
+            **kwargs,
+        )
+        logits = out.logits.float()
+        return logits if all_positions else logits[:, -1]

@@ -1,0 +1,214 @@
+"""Admits requests into the running decode batch and turns finished rows into responses.
+
+Each `step()` first prefills every request that arrived since the last step (one prefill per
+distinct (prompt, adapter), shared by all its samples and by identical requests), samples each
+new row's first token from the prefill logits, joins the rows to the decode batch, and then runs
+one decode step for the whole batch. So requests submitted while a batch is decoding join it at
+the next step.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tinker import types
+from tinker.types.topk_logprobs import TopkLogprobs
+
+from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row
+from tinker_local.engine.sampling.params import ValidRequest
+from tinker_local.engine.sampling.prefill import (
+    PrefillGroup,
+    PromptKey,
+    PromptScores,
+    plan_groups,
+    run_prefill,
+)
+from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.selection import RowControls, select_tokens
+from tinker_local.engine.sampling.stops import Decoder, StringStopMatcher
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A request in flight; `response` is set once every sample has finished."""
+
+    request: ValidRequest
+    key: PromptKey
+    samples: list[Row | None] = field(default_factory=list)
+    scores: PromptScores | None = None
+    response: types.SampleResponse | None = None
+
+    def finish_row(self, row: Row) -> bool:
+        self.samples[row.sample_index] = row
+        if all(s is not None for s in self.samples):
+            self.response = _response(self)
+            return True
+        return False
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, tokenizer: Decoder | None):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.batch = DecodeBatch(runner)
+        self.queue: list[RequestState] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and len(self.batch) == 0
+
+    def add(self, request: ValidRequest) -> RequestState:
+        if request.stop.strings and self.tokenizer is None:
+            raise ValueError("string stops need a tokenizer")
+        state = RequestState(
+            request=request,
+            key=PromptKey(request.prompt, request.adapter),
+            samples=[None] * request.num_samples,
+        )
+        self.queue.append(state)
+        return state
+
+    def step(self) -> list[RequestState]:
+        """Admit queued requests, run one decode step; returns requests that completed."""
+        done: list[RequestState] = []
+        if self.queue:
+            queued, self.queue = self.queue, []
+            done += self._admit(queued)
+        if len(self.batch):
+            for row in self.batch.step():
+                owner: RequestState = row.owner  # type: ignore[assignment]
+                if owner.finish_row(row):
+                    done.append(owner)
+        return done
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _admit(self, states: list[RequestState]) -> list[RequestState]:
+        keys = list(dict.fromkeys(s.key for s in states))
+        wants = {k: False for k in keys}
+        topk = {k: 0 for k in keys}
+        for s in states:
+            r = s.request
+            wants[s.key] |= r.prompt_logprobs or r.topk_prompt_logprobs > 0
+            topk[s.key] = max(topk[s.key], r.topk_prompt_logprobs)
+        done: list[RequestState] = []
+        for group_idx in plan_groups(keys, [wants[k] for k in keys], self.runner.vocab_size):
+            group_keys = [keys[i] for i in group_idx]
+            group = run_prefill(
+                self.runner, group_keys, [topk[k] for k in group_keys], wants[group_keys[0]]
+            )
+            members = [s for s in states if s.key in set(group_keys)]
+            done += self._start_rows(group, members)
+        return done
+
+    def _start_rows(self, group: PrefillGroup, states: list[RequestState]) -> list[RequestState]:
+        """Create every sample row of `states`, sample its first token from the prefill logits,
+        and send the unfinished rows to the decode batch."""
+        index = {k: i for i, k in enumerate(group.keys)}
+        rows: list[Row] = []
+        source: list[int] = []
+        for s in states:
+            scores = group.scores[index[s.key]]
+            s.scores = scores
+            for j in range(s.request.num_samples):
+                rows.append(self._new_row(s, j))
+                source.append(index[s.key])
+        src = torch.tensor(source, device=group.last_logits.device)
+        controls = _controls(rows, states, group.last_logits.device)
+        tokens, logprobs = select_tokens(group.last_logits.index_select(0, src), controls)
+        done: list[RequestState] = []
+        alive: list[int] = []
+        for i, (row, tok, lp) in enumerate(
+            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            if row.record(tok, lp, tok in row.stop_ids):
+                owner: RequestState = row.owner  # type: ignore[assignment]
+                if owner.finish_row(row):
+                    done.append(owner)
+            else:
+                alive.append(i)
+        if alive:
+            keep = torch.tensor(alive, device=src.device)
+            group_rows = src.index_select(0, keep)
+            cache = group.cache
+            cache.relayout(group_rows, cache.write_col)
+            lengths = torch.tensor([len(rows[i].owner.request.prompt) for i in alive])
+            self.batch.join(
+                NewRows(
+                    rows=[rows[i] for i in alive],
+                    cache=cache,
+                    valid=group.valid.index_select(0, group_rows),
+                    next_pos=lengths.to(src.device),
+                    pending=tokens.index_select(0, keep),
+                    controls=controls.take(keep),
+                )
+            )
+        return done
+
+    def _new_row(self, state: RequestState, sample_index: int) -> Row:
+        r = state.request
+        matcher = None
+        if r.stop.strings:
+            assert self.tokenizer is not None
+            matcher = StringStopMatcher(r.stop.strings, self.tokenizer)
+        return Row(
+            owner=state,
+            sample_index=sample_index,
+            max_tokens=r.max_tokens,
+            stop_ids=r.stop.token_ids,
+            matcher=matcher,
+            adapter=r.adapter,
+        )
+
+
+def _controls(rows: list[Row], states: list[RequestState], device: torch.device) -> RowControls:
+    seeds = {id(s): (s.request.seed if s.request.seed is not None else secrets.randbits(63))
+             for s in states}
+    temps, ks, ps, gens = [], [], [], []
+    for row in rows:
+        owner: RequestState = row.owner  # type: ignore[assignment]
+        r = owner.request
+        temps.append(r.temperature)
+        ks.append(r.top_k)
+        ps.append(r.top_p)
+        gens.append(row_generator(seeds[id(owner)], row.sample_index))
+    return RowControls.build(temps, ks, ps, gens, device)
+
+
+def row_generator(seed: int, sample_index: int) -> torch.Generator:
+    """The generator of sample `sample_index` of a request seeded with `seed`: samples of one
+    request differ, and each is reproducible on its own."""
+    state = np.random.SeedSequence([seed, sample_index]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & (2**63 - 1))
+
+
+def _response(state: RequestState) -> types.SampleResponse:
+    r = state.request
+    sequences = []
+    for row in state.samples:
+        assert row is not None and row.stop_reason is not None
+        sequences.append(
+            types.SampledSequence(
+                stop_reason=row.stop_reason,  # type: ignore[arg-type]
+                sequence_id=f"seq-{uuid.uuid4().hex}",
+                tokens_np=np.asarray(row.tokens, dtype=np.int32),
+                logprobs_np=np.asarray(row.logprobs, dtype=np.float32),
+            )
+        )
+    scores = state.scores
+    topk = None
+    if r.topk_prompt_logprobs > 0 and scores is not None and scores.topk is not None:
+        k = r.topk_prompt_logprobs
+        topk = TopkLogprobs(
+            token_ids=np.ascontiguousarray(scores.topk.token_ids[:, :k]),
+            logprobs=np.ascontiguousarray(scores.topk.logprobs[:, :k]),
+        )
+    return types.SampleResponse(
+        sequences=sequences,
+        prompt_logprobs_np=scores.logprobs if (r.prompt_logprobs and scores) else None,
+        topk_prompt_logprobs_np=topk,
+    )

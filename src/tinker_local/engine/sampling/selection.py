@@ -1,0 +1,142 @@
+"""Choosing the next token for every row of a batch, and its logprob.
+
+Semantics (matching the hosted Tinker service):
+- temperature T > 0: sample from softmax(logits / T) after top-k, then top-p truncation (top-p
+  on the top-k-renormalised distribution, the order vLLM uses). The reported logprob is
+  log softmax(logits / T)[token]: the *tempered* distribution, not truncated by top-k/top-p.
+  Tinker's cookbook checks exactly this: logprob differences between two tokens scale by 1/T.
+- temperature 0: greedy (argmax of the logits); the reported logprob is the model's own
+  log softmax(logits)[token].
+
+Randomness: every row owns a `torch.Generator` and draws exactly one uniform number per step,
+so a seeded row produces the same tokens whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RowControls:
+    """Per-row sampling settings as tensors (batch order), plus fast-path flags."""
+
+    inv_temp: torch.Tensor  # [B] float32, 1/T (1 for greedy rows)
+    greedy: torch.Tensor  # [B] bool
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    top_p: torch.Tensor  # [B] float32, 1 = off
+    generators: list[torch.Generator]
+
+    @staticmethod
+    def build(
+        temperatures: list[float],
+        top_ks: list[int],
+        top_ps: list[float],
+        generators: list[torch.Generator],
+        device: torch.device,
+    ) -> RowControls:
+        greedy = [t == 0 for t in temperatures]
+        return RowControls(
+            inv_temp=torch.tensor(
+                [1.0 if g else 1.0 / t for g, t in zip(greedy, temperatures, strict=True)],
+                dtype=torch.float32,
+                device=device,
+            ),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            generators=list(generators),
+        )
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def take(self, rows: torch.Tensor) -> RowControls:
+        idx = rows.tolist()
+        return RowControls(
+            inv_temp=self.inv_temp.index_select(0, rows),
+            greedy=self.greedy.index_select(0, rows),
+            top_k=self.top_k.index_select(0, rows),
+            top_p=self.top_p.index_select(0, rows),
+            generators=[self.generators[i] for i in idx],
+        )
+
+    @staticmethod
+    def concat(parts: list[RowControls]) -> RowControls:
+        return RowControls(
+            inv_temp=torch.cat([p.inv_temp for p in parts]),
+            greedy=torch.cat([p.greedy for p in parts]),
+            top_k=torch.cat([p.top_k for p in parts]),
+            top_p=torch.cat([p.top_p for p in parts]),
+            generators=[g for p in parts for g in p.generators],
+        )
+
+
+def select_tokens(logits: torch.Tensor, ctl: RowControls) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [B, V] float32. Returns (tokens [B] int64, logprobs [B] float32)."""
+    scaled = logits * ctl.inv_temp[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    greedy_tokens = logits.argmax(dim=-1)
+    if bool(ctl.greedy.all()):
+        tokens = greedy_tokens
+    else:
+        uniforms = _draw_uniforms(ctl.generators, logits.device)
+        sampled = _sample(logp, scaled, uniforms, ctl)
+        tokens = torch.where(ctl.greedy, greedy_tokens, sampled)
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> torch.Tensor:
+    # One draw per row from the row's own generator: a row's randomness never depends on its
+    # position in the batch or on its companions. Generators live on the CPU.
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    return u.to(device)
+
+
+def _sample(
+    logp: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls
+) -> torch.Tensor:
+    """Inverse-CDF sampling: token = first index whose cumulative probability exceeds u."""
+    filtered = (ctl.top_k > 0) | (ctl.top_p < 1)
+    tokens = _inverse_cdf(logp.exp(), u)
+    if bool(filtered.any()):
+        rows = filtered.nonzero()[:, 0]
+        tokens[rows] = _sample_truncated(
+            scaled.index_select(0, rows),
+            u.index_select(0, rows),
+            ctl.top_k.index_select(0, rows),
+            ctl.top_p.index_select(0, rows),
+        )
+    return tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    # float64 cumulative sums so the total over a large vocabulary stays accurate.
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    target = (u * cdf[:, -1])[:, None]
+    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def _sample_truncated(
+    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Top-k, then top-p, on tempered logits; sample among the kept tokens."""
+    vocab = scaled.shape[-1]
+    k_max = vocab if bool((top_k == 0).any()) else int(top_k.max())
+    if k_max < vocab:
+        vals, idx = scaled.topk(k_max, dim=-1)  # sorted, descending
+    else:
+        vals, idx = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(vals.shape[-1], device=vals.device)[None, :]
+    k_eff = torch.where(top_k > 0, top_k, vocab)[:, None]
+    vals = vals.masked_fill(rank >= k_eff, float("-inf"))
+    probs = torch.softmax(vals, dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it
+    # is still below top_p (the most likely token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    choice = _inverse_cdf(probs, u)
+    return idx.gather(1, choice[:, None])[:, 0]
