@@ -1,0 +1,175 @@
+"""The task registry: every built-in task by name, for Python and `tinker-local tasks` / `rl`.
+
+Adding a task is one file (a module with `make_problems(split, n, *, seed, ...)` returning
+`SingleTurnProblem`s, or `make_worlds(split, n, *, seed, ...)` returning zero-argument builders
+of fresh `TextWorld`s; its docstring documents prompt format, reward and defaults) plus one line
+in `TASKS`. Modules are imported only when a task is used, so the listing never depends on
+a task's imports.
+
+    get_task("sat", split="test", n=10)          # -> list of problems
+    make_dataset("grid", tokenizer, split="train", batch_size=8, group_size=8)  # -> RLDataset
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from typing import Any
+
+# name -> (one-line description, "module:factory")
+TASKS: dict[str, tuple[str, str]] = {
+    "arithmetic": (
+        "two-digit arithmetic, asked plainly (the demo task)",
+        "tinker_local.tasks.arithmetic:make_problems",
+    ),
+    "gsm8k": (
+        "grade-school math word problems (local GSM8K file, HF cache or a shipped sample)",
+        "tinker_local.tasks.gsm8k:make_problems",
+    ),
+    "sat": (
+        "satisfying assignment of a random k-SAT formula near the threshold",
+        "tinker_local.tasks.sat:make_problems",
+    ),
+    "abduction": (
+        "find an input that makes a Python program print a given output (sandboxed)",
+        "tinker_local.tasks.abduction:make_problems",
+    ),
+    "deduction": (
+        "write a Python program that passes hidden stdin/stdout tests (sandboxed)",
+        "tinker_local.tasks.deduction:make_problems",
+    ),
+    "summarization": (
+        "summarise a passage; reward mixes ROUGE and compression",
+        "tinker_local.tasks.summarization:make_problems",
+    ),
+    "grid": (
+        "multi-turn: BabyAI-like grid navigation with keys and doors",
+        "tinker_local.tasks.grid_world:make_worlds",
+    ),
+    "crafting": (
+        "multi-turn: TextCraft-like gathering and crafting up a recipe tree",
+        "tinker_local.tasks.crafting_world:make_worlds",
+    ),
+    "shopping": (
+        "multi-turn: WebShop-like search, click and buy the described item",
+        "tinker_local.tasks.shopping_world:make_worlds",
+    ),
+    "household": (
+        "multi-turn: AlfWorld-like find, clean/heat/cool and place an object",
+        "tinker_local.tasks.household_world:make_worlds",
+    ),
+    "lab": (
+        "multi-turn: SciWorld-like short lab procedures across rooms",
+        "tinker_local.tasks.lab_world:make_worlds",
+    ),
+    "repo_repair": (
+        "multi-turn: fix a bug in a small Python repo until its tests pass (sandboxed)",
+        "tinker_local.tasks.repo_repair:make_worlds",
+    ),
+}
+PARADIGMS = {
+    "debate": "pairs of rollouts argue over R rounds and a judge picks the winner; wraps any "
+    "single-turn task (tinker_local.tasks.debate)",
+}
+
+
+def _resolve(name: str) -> Any:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    module_name, func_name = TASKS[name][1].split(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, func_name)
+    except AttributeError:
+        raise KeyError(f"task {name!r}: {module_name} has no {func_name}()") from None
+
+
+def task_kind(name: str) -> str:
+    """ "problems" (a list of SingleTurnProblem) or "worlds" (builders of fresh TextWorlds)."""
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return "worlds" if TASKS[name][1].endswith(":make_worlds") else "problems"
+
+
+def get_task(name: str, **kwargs: Any) -> list[Any]:
+    """Call task `name`'s factory: `split` ("train"/"test"), `n`, `seed` and task options."""
+    return list(_resolve(name)(**kwargs))
+
+
+def make_dataset(
+    name: str,
+    tokenizer: Any,
+    *,
+    split: str = "train",
+    batch_size: int = 8,
+    group_size: int = 8,
+    seed: int = 0,
+    n: int | None = None,
+    max_context_tokens: int | None = None,
+    **options: Any,
+) -> Any:
+    """Task `name` as an RLDataset (what `tinker-local rl --task NAME` trains on). A task module
+    with its own `make_dataset` (arithmetic, gsm8k) is used as is; other tasks get `n` items
+    (default 1000 train / 100 test) with `group_size` attempts each (1 for test)."""
+    module = importlib.import_module(TASKS[name][1].split(":")[0]) if name in TASKS else None
+    if module is not None and hasattr(module, "make_dataset"):
+        if n is not None:
+            options["n"] = n
+        return module.make_dataset(
+            tokenizer,
+            split=split,
+            batch_size=batch_size,
+            group_size=group_size,
+            seed=seed,
+            **options,
+        )
+    from tinker_local.tasks.task_datasets import build_dataset
+
+    count = n if n is not None else (1000 if split == "train" else 100)
+    items = get_task(name, split=split, n=count, seed=seed, **options)
+    return build_dataset(
+        name,
+        task_kind(name),
+        items,
+        tokenizer,
+        split=split,
+        batch_size=batch_size,
+        group_size=group_size,
+        max_context_tokens=max_context_tokens,
+    )
+
+
+def describe(name: str) -> str:
+    """The task module's docstring: prompt format, reward and defaults."""
+    module = importlib.import_module(TASKS[name][1].split(":")[0])
+    return inspect.cleandoc(module.__doc__ or TASKS[name][0])
+
+
+def list_main(argv: list[str] | None = None) -> int:
+    """`tinker-local tasks` lists every task; `tinker-local tasks NAME` shows its details."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(
+            "usage: tinker-local tasks [NAME]\n\nLists the built-in tasks, or shows one task's "
+            "prompt format, reward and defaults."
+        )
+        return 0
+    if args:
+        if args[0] not in TASKS:
+            print(
+                f"tinker-local tasks: unknown task {args[0]!r}; known: {', '.join(TASKS)}",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"{args[0]} ({task_kind(args[0])})\n\n{describe(args[0])}")
+        return 0
+    width = max(map(len, TASKS))
+    print(f"{'task':<{width}}  {'kind':<8}  description")
+    for name, (description, _) in TASKS.items():
+        print(f"{name:<{width}}  {task_kind(name):<8}  {description}")
+    print("\nparadigms:")
+    for name, description in PARADIGMS.items():
+        print(f"  {name}: {description}")
+    print("\n`tinker-local tasks NAME` shows a task's prompt format, reward and defaults.")
+    return 0
