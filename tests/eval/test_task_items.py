@@ -10,11 +10,11 @@ from tinker_local.rl.types import SingleTurnProblem, TextWorld
 
 def test_problems_and_worlds_by_name():
     names = task_names()
-    assert "arithmetic" in names and "grid_world" in names
+    assert "arithmetic" in names and "grid" in names
     problems = load_items("arithmetic", 5, split="test")
     assert len(problems) == 5 and all(isinstance(p, SingleTurnProblem) for p in problems)
     assert load_items("arithmetic", 5, split="test") == problems  # the fixed held-out set
-    worlds = load_items("grid", 2, split="test")  # "grid" finds grid_world
+    worlds = load_items("grid", 2, split="test")
     world = worlds[0]()
     assert isinstance(world, TextWorld) and world.reset() == worlds[0]().reset()
 

@@ -87,10 +87,10 @@ def test_collect_command_on_real_tasks(tmp_path, capsys):
     from tinker_local.sl.collect import main
 
     out = tmp_path / "data.jsonl"
-    assert main(["arithmetic", "grid_world", "--out", str(out), "-n", "3"]) == 0
-    assert "grid_world: kept 3, rejected 0" in capsys.readouterr().out
+    assert main(["arithmetic", "grid", "--out", str(out), "-n", "3"]) == 0
+    assert "grid: kept 3, rejected 0" in capsys.readouterr().out
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    grid = [r for r in records if r["task"] == "grid_world"]
+    grid = [r for r in records if r["task"] == "grid"]
     assert len(grid) == 3 and all(len(r["messages"]) >= 3 for r in grid)
     # Training split only: none of the held-out arithmetic questions leak into SFT data.
     held_out = {p.messages()[0]["content"] for p in make_problems("test")}

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             items = {t: load_items(t, args.n, split=args.split, seed=args.seed) for t in args.tasks}
-        except (KeyError, ValueError) as e:
+        except (KeyError, ValueError, OSError) as e:
             print(f"tinker-local eval: {e}", file=sys.stderr)
             return 2
         new, transcripts = evaluate_models(connect(args.base_url), models, items, config)

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         items = {
             name: load_items(name, args.n, split="train", seed=args.seed) for name in args.tasks
         }
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, OSError) as e:
         print(f"tinker-local collect: {e}", file=sys.stderr)
         return 2
     counts = write_collection(items, args.out)
