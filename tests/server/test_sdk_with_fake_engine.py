@@ -357,3 +357,33 @@ def test_silent_sessions_expire(fake_server: FakeServer) -> None:
 def test_server_capabilities(service: tinker.ServiceClient) -> None:
     caps = service.create_rest_client().get_server_capabilities().result()
     assert [m.model_name for m in caps.supported_models] == ["fake/base"]
+
+
+def test_rest_client_reads_runs_and_checkpoints(fake_server: FakeServer) -> None:
+    service = fake_server.client()
+    trainer = service.create_lora_training_client(base_model="fake/base", rank=4).result()
+    state = trainer.save_state("r1").result().path
+    sampler_path = trainer.save_weights_for_sampler("r1s").result().path
+    rest = tinker.RestClient(base_url=fake_server.base_url, api_key="tml-local")
+
+    run = rest.get_training_run_by_tinker_path(state).result()
+    assert (run.training_run_id, run.base_model, run.lora_rank) == (
+        trainer.model_id,
+        "fake/base",
+        4,
+    )
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state
+    listed = rest.list_checkpoints(trainer.model_id).result()
+    assert {c.tinker_path for c in listed.checkpoints} == {state, sampler_path}
+    assert trainer.model_id in {
+        r.training_run_id for r in rest.list_training_runs(limit=1000).result().training_runs
+    }
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.lora_rank) == ("fake/base", 4)
+
+    rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    assert [
+        c.tinker_path for c in rest.list_checkpoints(trainer.model_id).result().checkpoints
+    ] == [state]
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_training_run("nobody:train:9").result()

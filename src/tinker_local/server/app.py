@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from tinker_local.server import sampling, sessions, training
+from tinker_local.server import rest, sampling, sessions, training
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord, wait_for_result
 from tinker_local.server.service import Service
@@ -207,6 +207,37 @@ def create_app(svc: Service) -> FastAPI:
     async def asample(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SampleRequest, "asample")
         return sampling.asample(svc, req)
+
+    # -- RestClient reads ----------------------------------------------------------------------
+
+    @app.get("/api/v1/training_runs")
+    async def list_training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
+        return await rest.list_training_runs(svc, limit, offset)
+
+    @app.get("/api/v1/training_runs/{run_id}")
+    async def get_training_run(run_id: str) -> dict[str, Any]:
+        return await rest.get_training_run(svc, run_id)
+
+    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
+    async def list_run_checkpoints(run_id: str) -> dict[str, Any]:
+        return await rest.list_run_checkpoints(svc, run_id)
+
+    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> dict[str, Any]:
+        await rest.delete_checkpoint(svc, run_id, checkpoint_id)
+        return {}
+
+    @app.get("/api/v1/checkpoints")
+    async def list_checkpoints(limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        return await rest.list_all_checkpoints(svc, limit, offset)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request) -> dict[str, Any]:
+        try:
+            path = json.loads(await request.body())["tinker_path"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ApiError(400, "weights_info needs a JSON body with tinker_path") from exc
+        return await rest.weights_info(svc, path)
 
     # -- futures --------------------------------------------------------------------------------
 

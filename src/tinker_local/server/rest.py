@@ -1,0 +1,196 @@
+"""`tinker.RestClient` reads: training runs, their checkpoints, weights info; checkpoint delete.
+
+Checkpoints are read from the checkpoints folder itself, so runs from earlier server
+processes are listed too. A run's base model comes from the live model when there is one,
+otherwise from the metadata of one of its training checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tinker_local.server import paths
+from tinker_local.server.errors import ApiError
+from tinker_local.server.service import Service
+
+logger = logging.getLogger("tinker_local.server")
+
+_KIND_TO_TYPE = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat()
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _checkpoint(run_id: str, kind: str, folder: Path) -> dict[str, Any]:
+    path = paths.CheckpointPath(run_id, kind, folder.name)  # type: ignore[arg-type]
+    return {
+        "checkpoint_id": f"{kind}/{folder.name}",
+        "checkpoint_type": _KIND_TO_TYPE[kind],
+        "time": _iso(folder.stat().st_mtime),
+        "tinker_path": path.uri,
+        "size_bytes": _size(folder),
+    }
+
+
+def run_checkpoints(root: Path, run_id: str) -> list[dict[str, Any]]:
+    found = []
+    for kind in paths.KINDS:
+        kind_dir = root / run_id / kind
+        if kind_dir.is_dir():
+            for folder in kind_dir.iterdir():
+                # Hidden names are saves still being written (see training._save_into).
+                if folder.is_dir() and not folder.name.startswith("."):
+                    found.append(_checkpoint(run_id, kind, folder))
+    return sorted(found, key=lambda c: c["time"])
+
+
+@dataclass(frozen=True)
+class _LiveRun:
+    base_model: str
+    lora_rank: int | None
+    created_at: float
+    user_metadata: dict[str, Any] | None
+
+
+def _live_runs(svc: Service) -> dict[str, _LiveRun]:
+    """What the server knows about its live models, read on the event loop (the listing
+    itself runs in a thread and must not touch server state)."""
+    live = {}
+    for model_id, model in svc.state.models.items():
+        info = model.ready.result() if model.ready.done() else None
+        rank = (info or {}).get("lora_rank")
+        live[model_id] = _LiveRun(model.base_model, rank, model.created_at, model.user_metadata)
+    return live
+
+
+def _run_ids(root: Path, live: dict[str, _LiveRun]) -> list[str]:
+    on_disk = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+    return sorted(on_disk | set(live))
+
+
+def _base_model_on_disk(svc: Service, root: Path, run_id: str) -> tuple[str, int | None]:
+    weights = root / run_id / "weights"
+    if weights.is_dir():
+        for folder in sorted(weights.iterdir()):
+            if folder.is_dir() and not folder.name.startswith("."):
+                try:
+                    meta = svc.api.read_checkpoint_meta(folder)
+                except Exception as exc:  # noqa: BLE001 - try the next one
+                    logger.debug("no checkpoint metadata in %s: %s", folder, exc)
+                    continue
+                return str(meta.base_model), getattr(meta.lora, "rank", None)
+    return "unknown", None
+
+
+def _training_run(
+    svc: Service, root: Path, run_id: str, live: dict[str, _LiveRun]
+) -> dict[str, Any]:
+    paths.check_run_id(run_id)
+    model = live.get(run_id)
+    checkpoints = run_checkpoints(root, run_id)
+    if model is None and not checkpoints:
+        raise ApiError(404, f"unknown training run {run_id!r}")
+    if model is not None:
+        base_model, rank, last_time = model.base_model, model.lora_rank, model.created_at
+    else:
+        base_model, rank = _base_model_on_disk(svc, root, run_id)
+        last_time = 0.0
+    if checkpoints:
+        last_time = max(
+            last_time, max(datetime.fromisoformat(c["time"]).timestamp() for c in checkpoints)
+        )
+
+    def last(kind: str) -> dict[str, Any] | None:
+        of_kind = [c for c in checkpoints if c["checkpoint_type"] == kind]
+        return of_kind[-1] if of_kind else None
+
+    return {
+        "training_run_id": run_id,
+        "base_model": base_model,
+        "model_owner": "local",
+        "is_lora": True,
+        "lora_rank": rank,
+        "last_request_time": _iso(last_time),
+        "last_checkpoint": last("training"),
+        "last_sampler_checkpoint": last("sampler"),
+        "user_metadata": model.user_metadata if model is not None else None,
+    }
+
+
+def _cursor(offset: int, limit: int, total: int) -> dict[str, int]:
+    return {"offset": offset, "limit": limit, "total_count": total}
+
+
+async def get_training_run(svc: Service, run_id: str) -> dict[str, Any]:
+    root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
+    return await asyncio.to_thread(_training_run, svc, root, run_id, live)
+
+
+async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str, Any]:
+    root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
+
+    def work() -> dict[str, Any]:
+        ids = _run_ids(root, live)
+        page = [_training_run(svc, root, r, live) for r in ids[offset : offset + limit]]
+        return {"training_runs": page, "cursor": _cursor(offset, limit, len(ids))}
+
+    return await asyncio.to_thread(work)
+
+
+async def list_run_checkpoints(svc: Service, run_id: str) -> dict[str, Any]:
+    paths.check_run_id(run_id)
+    found = await asyncio.to_thread(run_checkpoints, svc.settings.checkpoints_dir(), run_id)
+    if not found and run_id not in svc.state.models:
+        raise ApiError(404, f"unknown training run {run_id!r}")
+    return {"checkpoints": found}
+
+
+async def list_all_checkpoints(svc: Service, limit: int, offset: int) -> dict[str, Any]:
+    root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
+
+    def work() -> dict[str, Any]:
+        found = [c for r in _run_ids(root, live) for c in run_checkpoints(root, r)]
+        found.sort(key=lambda c: c["time"], reverse=True)
+        return {
+            "checkpoints": found[offset : offset + limit],
+            "cursor": _cursor(offset, limit, len(found)),
+        }
+
+    return await asyncio.to_thread(work)
+
+
+async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> None:
+    kind, _, name = checkpoint_id.partition("/")
+    target = paths.parse_uri(f"{paths.SCHEME}{run_id}/{kind}/{name}")
+    folder = target.directory(svc.settings.checkpoints_dir())
+    if not folder.is_dir():
+        raise ApiError(404, f"checkpoint {target.uri} not found")
+    await asyncio.to_thread(shutil.rmtree, folder)
+
+
+async def weights_info(svc: Service, tinker_path: str) -> dict[str, Any]:
+    _path, folder = paths.existing_checkpoint(tinker_path, svc.settings.checkpoints_dir())
+    try:
+        meta = await asyncio.to_thread(svc.api.read_checkpoint_meta, folder)
+    except Exception as exc:
+        raise ApiError(400, f"cannot read checkpoint metadata of {tinker_path}: {exc}") from exc
+    lora = meta.lora
+    return {
+        "base_model": str(meta.base_model),
+        "is_lora": True,
+        "lora_rank": getattr(lora, "rank", None),
+        "train_unembed": getattr(lora, "train_unembed", None),
+        "train_mlp": getattr(lora, "train_mlp", None),
+        "train_attn": getattr(lora, "train_attn", None),
+    }
