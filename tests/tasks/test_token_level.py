@@ -62,3 +62,37 @@ def test_expert_episode_through_the_world_env(tokenizer, name: str) -> None:
 
     total, metrics = asyncio.run(run())
     assert total >= 1.0 and metrics["success"] == 1.0
+
+
+def test_debate_groups_play_concurrently_and_the_judge_rewards(tokenizer) -> None:
+    dataset = make_dataset(
+        "debate", tokenizer, split="train", batch_size=1, group_size=2, n=1, task="sat", rounds=2
+    )
+    builder = dataset.get_batch(0)[0]
+    problem = builder.problem
+    wrong = "Answer: " + ", ".join(
+        f"x{v}={not problem.solution[v]}" for v in range(1, problem.n_vars + 1)
+    )
+    right = f"My assignment checks every clause.\nAnswer: {problem.reference_answer()}"
+
+    async def episode(env, text: str) -> list:
+        await env.initial_observation()
+        steps = []
+        while not steps or not steps[-1].episode_done:
+            steps.append(await env.step(_encode(tokenizer, text)))
+        return steps
+
+    async def run():
+        envs = await builder.make_envs()
+        played = await asyncio.gather(episode(envs[0], right), episode(envs[1], wrong))
+        return played, await builder.compute_group_rewards([[], []])
+
+    (steps_a, steps_b), rewards = asyncio.run(run())
+    assert len(steps_a) == len(steps_b) == 2  # two rounds each
+    assert rewards == [1.0, 0.0]
+    with pytest.raises(ValueError, match="even group size"):
+        make_dataset(
+            "debate", tokenizer, split="train", batch_size=1, group_size=3, n=1, task="sat"
+        )
+    with pytest.raises(ValueError, match="task="):
+        make_dataset("debate", tokenizer, split="train", batch_size=1, group_size=2, n=1)

@@ -16,10 +16,11 @@ Training modes:
 - rejection-then-GRPO: `rejection_then_grpo` keeps the winners with their *task* rewards (the
   rest masked out as None) for group-relative advantages among the kept rollouts.
 Wiring: `make_debate_worlds` builds the group's `DebaterWorld`s (TextWorlds whose pairs share a
-`DebateCoordinator`). A debater waits for its opponent each round, so the RL loop must step the
-group's envs concurrently and await `DebaterWorld.step_async` (plain `step` works only once the
-opponent has already moved). `run_debate` drives one debate from two policies for evaluation
-and SFT collection without any RL machinery.
+`DebateCoordinator`); a debater waits for its opponent each round, so a group's episodes must
+run concurrently. `debate_env.DebateGroupBuilder` does this for the RL loop (its
+`compute_group_rewards` is the judge) and the registry exposes it as
+`tinker-local rl --task debate --task-option task=sat`. `run_debate` drives one debate from
+two policies for evaluation and SFT collection without any RL machinery.
 """
 
 from __future__ import annotations
@@ -193,33 +194,44 @@ class DebateCoordinator:
 
 
 class DebaterWorld(TextWorld):
-    """One side of one debate, as a multi-turn world (reward comes from the group judge)."""
+    """One side of one debate, as a multi-turn world (reward comes from the group judge).
+
+    A turn is: `submit` the argument, wait for the opponent's, then `step` returns it.
+    `step_async` does all three; plain `step` works once the opponent has moved.
+    """
 
     def __init__(self, problem: SingleTurnProblem, coordinator: DebateCoordinator, side: int):
         self.problem, self.coordinator, self.side = problem, coordinator, side
         self.max_turns = coordinator.rounds
+        self.round = 0  # completed rounds
 
     def reset(self) -> list[Message]:
         return debater_messages(self.problem, self.side, [], [], self.coordinator.rounds)
 
+    def submit(self, action: str) -> None:
+        """Record this round's argument (once; later calls in the same round are ignored)."""
+        if len(self.coordinator.arguments[self.side]) == self.round:
+            self.coordinator.submit(self.side, action)
+
+    async def wait_for_opponent(self) -> None:
+        await self.coordinator.opponent(self.side, self.round)
+
     async def step_async(self, action: str) -> WorldStep:
-        round_ = self.coordinator.submit(self.side, action)
-        opponent = await self.coordinator.opponent(self.side, round_)
-        return self._after(round_, opponent)
+        self.submit(action)
+        await self.wait_for_opponent()
+        return self.step(action)
 
     def step(self, action: str) -> WorldStep:
-        round_ = len(self.coordinator.arguments[self.side])
-        if len(self.coordinator.arguments[1 - self.side]) <= round_:
+        self.submit(action)
+        others = self.coordinator.arguments[1 - self.side]
+        if len(others) <= self.round:
             raise RuntimeError("DebaterWorld.step: the opponent hasn't moved; await step_async")
-        self.coordinator.submit(self.side, action)
-        return self._after(round_, self.coordinator.arguments[1 - self.side][round_])
-
-    def _after(self, round_: int, opponent: str) -> WorldStep:
-        if round_ + 1 >= self.coordinator.rounds:
+        opponent, self.round = others[self.round], self.round + 1
+        if self.round >= self.coordinator.rounds:
             return WorldStep("The debate is over; the judge will decide.", 0.0, True)
         text = (
-            f"Debater {SIDES[1 - self.side]} (round {round_ + 1}): {opponent}\n\n"
-            f"Round {round_ + 2} of {self.coordinator.rounds}: rebut and end with "
+            f"Debater {SIDES[1 - self.side]} (round {self.round}): {opponent}\n\n"
+            f"Round {self.round + 1} of {self.coordinator.rounds}: rebut and end with "
             "'Answer: <your answer>'."
         )
         return WorldStep(text, 0.0, False)

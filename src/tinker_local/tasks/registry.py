@@ -70,7 +70,7 @@ TASKS: dict[str, tuple[str, str]] = {
 }
 PARADIGMS = {
     "debate": "pairs of rollouts argue over R rounds and a judge picks the winner; wraps any "
-    "single-turn task (tinker_local.tasks.debate)",
+    "single-turn task: tinker-local rl --task debate --task-option task=sat",
 }
 
 
@@ -111,7 +111,21 @@ def make_dataset(
 ) -> Any:
     """Task `name` as an RLDataset (what `tinker-local rl --task NAME` trains on). A task module
     with its own `make_dataset` (arithmetic, gsm8k) is used as is; other tasks get `n` items
-    (default 1000 train / 100 test) with `group_size` attempts each (1 for test)."""
+    (default 1000 train / 100 test) with `group_size` attempts each (1 for test).
+
+    `name="debate"` wraps the single-turn task `task=` (options `rounds`, `reward`; the other
+    options go to the task): debate groups of `group_size` (even), 2 for the test split."""
+    if name == "debate":
+        return _debate_dataset(
+            tokenizer,
+            split=split,
+            batch_size=batch_size,
+            group_size=group_size,
+            seed=seed,
+            n=n,
+            max_context_tokens=max_context_tokens,
+            **options,
+        )
     module = importlib.import_module(TASKS[name][1].split(":")[0]) if name in TASKS else None
     if module is not None and hasattr(module, "make_dataset"):
         if n is not None:
@@ -136,6 +150,42 @@ def make_dataset(
         split=split,
         batch_size=batch_size,
         group_size=group_size,
+        max_context_tokens=max_context_tokens,
+    )
+
+
+def _debate_dataset(
+    tokenizer: Any,
+    *,
+    split: str,
+    batch_size: int,
+    group_size: int,
+    seed: int,
+    n: int | None,
+    max_context_tokens: int | None,
+    task: str | None = None,
+    rounds: int = 2,
+    reward: str = "debate",
+    **options: Any,
+) -> Any:
+    from tinker_local.tasks.debate_env import DebateDataset
+
+    if task is None or task not in TASKS or task_kind(task) != "problems":
+        raise ValueError(
+            "debate needs task=<a single-turn task> (e.g. --task-option task=sat); "
+            f"single-turn tasks: {', '.join(t for t in TASKS if task_kind(t) == 'problems')}"
+        )
+    count = n if n is not None else (1000 if split == "train" else 100)
+    problems = get_task(task, split=split, n=count, seed=seed, **options)
+    return DebateDataset(
+        problems,
+        tokenizer,
+        batch_size=batch_size,
+        group_size=group_size if split == "train" else 2,
+        drop_last=split == "train",
+        rounds=rounds,
+        reward=reward,
+        tags=[f"debate-{task}"],
         max_context_tokens=max_context_tokens,
     )
 

@@ -1,0 +1,111 @@
+"""Debate as trainable RL groups: token-level debater envs and a group builder whose
+`compute_group_rewards` is the judge's verdict (see debate.py for the paradigm).
+
+`make_debate_dataset(problems, tokenizer, ...)` turns any single-turn task into debate groups;
+the registry exposes it as `tinker-local rl --task debate --task-option task=sat`. The RL loop
+plays a group's episodes concurrently (`rollout_group` gathers them), which is what lets each
+debater wait for its opponent's argument every round.
+Rewards: `reward="debate"` (default) gives winner 1.0 / loser 0.0 / tie 0.5; `reward="task"`
+gives each side the task's own score of its final answer (what rejection-then-GRPO trains on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tinker_local.rl.problem_env import WorldEnv, decode_action
+from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem, StepResult
+from tinker_local.tasks.debate import (
+    DebaterWorld,
+    Judge,
+    RuleJudge,
+    judge_group,
+    make_debate_worlds,
+    pair_up,
+    rewards_from_verdicts,
+)
+
+
+class DebaterEnv(WorldEnv):
+    """A `WorldEnv` whose turn first hands the argument over and waits for the opponent's."""
+
+    world: DebaterWorld
+
+    async def step(self, action: Action) -> StepResult:
+        self.world.submit(decode_action(self.tokenizer, action))
+        await self.world.wait_for_opponent()
+        return await super().step(action)
+
+
+class DebateGroupBuilder(EnvGroupBuilder):
+    def __init__(
+        self,
+        problem: SingleTurnProblem,
+        tokenizer: Any,
+        group_size: int,
+        *,
+        rounds: int = 2,
+        judge: Judge | None = None,
+        reward: str = "debate",
+        tags: Sequence[str] = (),
+        max_context_tokens: int | None = None,
+    ):
+        pair_up(group_size)  # fail fast on an odd group
+        if reward not in ("debate", "task"):
+            raise ValueError(f"debate reward must be 'debate' or 'task', got {reward!r}")
+        self.problem, self.tokenizer, self.group_size = problem, tokenizer, group_size
+        self.rounds, self.judge, self.reward = rounds, judge or RuleJudge(), reward
+        self.tags, self.max_context_tokens = list(tags), max_context_tokens
+        self.worlds: list[DebaterWorld] = []
+
+    async def make_envs(self) -> Sequence[DebaterEnv]:
+        self.worlds = make_debate_worlds(self.problem, self.group_size, self.rounds)
+        return [
+            DebaterEnv(w, self.tokenizer, max_context_tokens=self.max_context_tokens)
+            for w in self.worlds
+        ]
+
+    def arguments(self) -> list[list[str]]:
+        return [list(w.coordinator.arguments[w.side]) for w in self.worlds]
+
+    async def compute_group_rewards(self, transcripts: Sequence[list[Action]]) -> list[float]:
+        # The debaters' decoded arguments are already held by the coordinators.
+        verdicts = await judge_group(self.problem, self.arguments(), self.judge)
+        if self.reward == "task":
+            return [s for v in verdicts for s in v.scores]
+        return rewards_from_verdicts(verdicts)
+
+    def logging_tags(self) -> list[str]:
+        return self.tags
+
+
+class DebateDataset(RLDataset):
+    def __init__(
+        self,
+        problems: Sequence[SingleTurnProblem],
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        group_size: int,
+        drop_last: bool = True,
+        **builder_options: Any,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        pair_up(group_size)
+        self.problems, self.tokenizer = list(problems), tokenizer
+        self.batch_size, self.group_size, self.drop_last = batch_size, group_size, drop_last
+        self.options = builder_options
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.problems), self.batch_size)
+        return full + (0 if self.drop_last or not rest else 1)
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} out of range for a dataset of {len(self)} batches")
+        chunk = self.problems[index * self.batch_size : (index + 1) * self.batch_size]
+        return [
+            DebateGroupBuilder(p, self.tokenizer, self.group_size, **self.options) for p in chunk
+        ]
