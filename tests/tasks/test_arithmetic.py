@@ -59,6 +59,10 @@ def test_dataset_batches_are_reproducible_by_index():
     test = arithmetic.make_dataset(tok, split="test", batch_size=64)
     assert len(test) == 4 and sum(len(test.get_batch(i)) for i in range(4)) == 200
     assert all(g.group_size == 1 for g in test.get_batch(3))
+    # `n` as the task registry passes it
+    assert len(arithmetic.make_dataset(tok, batch_size=4, n=40)) == 10
+    small = arithmetic.make_dataset(tok, split="test", batch_size=64, n=10)
+    assert len(small.get_batch(0)) == 10
 
 
 def test_spec_validation():

@@ -39,6 +39,9 @@ def task_factory(name: str) -> Callable[..., Any]:
     except ImportError:
         registry = None
     if registry is not None and hasattr(registry, "make_dataset"):
+        known = set(getattr(registry, "TASKS", {})) | {"debate"}
+        if name not in known:
+            raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(known)})")
         return lambda tokenizer, **kw: registry.make_dataset(name, tokenizer, **kw)
     if name not in BUILTIN_TASKS:
         raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(BUILTIN_TASKS)})")

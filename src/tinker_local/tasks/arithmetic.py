@@ -189,13 +189,18 @@ def make_dataset(
     operations: Sequence[str] = ("+",),
     format_bonus: float = 0.1,
     n_test: int = 200,
+    n: int | None = None,
 ) -> RLDataset:
     """The arithmetic task as an `RLDataset`.
 
     train: an endless-in-practice stream (`n_batches` batches of `batch_size` problems, each
     tried `group_size` times). test: the `n_test` held-out problems, one attempt each
-    (`group_size` is ignored), `batch_size` per batch.
+    (`group_size` is ignored), `batch_size` per batch. `n` (as the task registry passes it):
+    the number of problems, i.e. `n_batches = n // batch_size` for train, the first `n`
+    held-out problems for test.
     """
+    if n is not None and split == "train":
+        n_batches = max(1, n // batch_size)
     spec = ArithmeticSpec(digits, tuple(operations), format_bonus, n_test)
     if split == "train":
         return ArithmeticDataset(
@@ -206,7 +211,7 @@ def make_dataset(
             n_batches=n_batches,
             spec=spec,
         )
-    problems = make_problems(split, spec=spec)
+    problems = make_problems(split, n, spec=spec)
     return ProblemDataset(
         problems,
         tokenizer,
