@@ -88,8 +88,11 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("%s %s failed", request.method, request.url.path)
-        return _error(500, f"tinker-local server error: {type(exc).__name__}: {exc}")
+        # Deliberately not a 5xx: the SDK retries those with backoff for about five minutes,
+        # so a deterministic failure would look like a hang. Fail at once, and say so.
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        message = f"tinker-local server error in {request.url.path}: {type(exc).__name__}: {exc}"
+        return _error(400, message + " (details in the server log)")
 
     @app.middleware("http")
     async def _check_api_key(request: Request, call_next: Any) -> Response:

@@ -9,7 +9,7 @@ from typing import Any
 from tinker import types
 
 from tinker_local.server import paths, wire
-from tinker_local.server.errors import ApiError, error_category, error_message
+from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
 from tinker_local.server.service import Service
 from tinker_local.server.state import Sampler, remember, sampler_id
@@ -61,10 +61,8 @@ async def _create_sampler(
 
     try:
         base_model = await svc.call_engine(job)
-    except Exception as exc:
-        if error_category(exc) == "user":
-            raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
-        raise
+    except Exception as exc:  # reported at once: a 5xx would be retried for minutes
+        raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
     sampler = Sampler(new_id, session_id, str(base_model), req.model_path)
     svc.state.samplers[new_id] = sampler
     svc.state.session(session_id, live=False).sampler_ids.append(new_id)
