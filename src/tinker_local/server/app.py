@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from tinker_local.server import rest, sampling, sessions, training
+from tinker_local.server import rest, sampling, sessions, training, weights
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord, wait_for_result
 from tinker_local.server.service import Service
@@ -183,17 +183,17 @@ def create_app(svc: Service) -> FastAPI:
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SaveWeightsRequest, "save_weights")
-        return _future_answer(training.save_weights(svc, req), req.model_id)
+        return _future_answer(weights.save_weights(svc, req), req.model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
-        return _future_answer(training.save_weights_for_sampler(svc, req), req.model_id)
+        return _future_answer(weights.save_weights_for_sampler(svc, req), req.model_id)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.LoadWeightsRequest, "load_weights")
-        return _future_answer(training.load_weights(svc, req), req.model_id)
+        return _future_answer(weights.load_weights(svc, req), req.model_id)
 
     # -- sampling -------------------------------------------------------------------------------
 

@@ -127,7 +127,8 @@ def _tensor_from_proto(where: str, msg: pb.Tensor) -> types.TensorData:
         raise UserError(
             f"{where}: shape {shape} needs {math.prod(shape)} values, got {values.size}"
         )
-    return types.TensorData(data=values, dtype=dtype, shape=shape or [int(values.size)])  # type: ignore[arg-type]
+    shape = shape or [int(values.size)]
+    return types.TensorData(data=values, dtype=dtype, shape=shape)  # type: ignore[arg-type]
 
 
 def _sparse_tensor(

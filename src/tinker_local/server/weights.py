@@ -1,0 +1,191 @@
+"""Weights calls: save_weights (save_state), save_weights_for_sampler, load_weights.
+
+`tinker://{run_id}/{weights|sampler_weights}/{name}` maps to a folder under the checkpoints
+directory (see `paths.py`); the engine only ever sees plain folders.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tinker import types
+
+from tinker_local.server import paths
+from tinker_local.server.errors import ApiError, UserError
+from tinker_local.server.futures import FutureRecord, WireResult, json_result
+from tinker_local.server.service import Service
+from tinker_local.server.state import Sampler, TrainingModel, sampler_id
+from tinker_local.server.training import (
+    check_created,
+    check_optimizer,
+    register_model,
+    start_creation,
+)
+
+
+def _save_into(directory: Path, overwrite: bool, write: Any) -> None:
+    """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
+    or interrupted save never leaves a half-written checkpoint under the real name."""
+    if directory.exists() and not overwrite:
+        raise UserError(
+            f"checkpoint {directory.name!r} already exists for this run; "
+            "pass overwrite=True or choose another name"
+        )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        write(tmp)
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
+    model = svc.state.model(req.model_id)
+
+    def prepare() -> Any:
+        if req.path is None:
+            raise UserError("save_state needs a checkpoint name")
+        target = paths.CheckpointPath(model.model_id, "weights", paths.check_name(req.path))
+        directory = target.directory(svc.settings.checkpoints_dir())
+
+        def job(engine: Any) -> WireResult:
+            check_created(model)
+            _save_into(
+                directory,
+                req.overwrite,
+                lambda tmp: engine.save_state(model.model_id, tmp, with_optimizer=True),
+            )
+            return json_result({"type": "save_weights", "path": target.uri})
+
+        return job
+
+    return svc.submit_ordered(model, req.seq_id, "save_weights", prepare)
+
+
+def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerRequest) -> FutureRecord:
+    model = svc.state.model(req.model_id)
+    if req.path is None:
+        return _snapshot_sampler(svc, model, req)
+
+    def prepare() -> Any:
+        target = paths.CheckpointPath(model.model_id, "sampler_weights", paths.check_name(req.path))
+        directory = target.directory(svc.settings.checkpoints_dir())
+
+        def job(engine: Any) -> WireResult:
+            check_created(model)
+            # No overwrite flag exists for sampler weights: a repeated name replaces the old one.
+            _save_into(
+                directory, True, lambda tmp: engine.save_sampler_weights(model.model_id, tmp)
+            )
+            return json_result({"type": "save_weights_for_sampler", "path": target.uri})
+
+        return job
+
+    return svc.submit_ordered(model, req.seq_id, "save_weights_for_sampler", prepare)
+
+
+def _snapshot_sampler(
+    svc: Service, model: TrainingModel, req: types.SaveWeightsForSamplerRequest
+) -> FutureRecord:
+    """save_weights_and_get_sampling_client: a sampler on an in-memory copy of the weights."""
+    new_id = ""
+
+    def prepare() -> Any:
+        nonlocal new_id
+        if req.sampling_session_seq_id is None:
+            raise UserError("save_weights_for_sampler needs a name or a sampling_session_seq_id")
+        new_id = sampler_id(model.session_id, req.sampling_session_seq_id)
+        if new_id in svc.state.samplers:
+            raise UserError(f"sampling session {new_id} already exists")
+
+        def job(engine: Any) -> Any:
+            check_created(model)
+            return engine.create_sampler(new_id, from_model_id=model.model_id)
+
+        return job
+
+    def on_loop(base_model: Any) -> WireResult:
+        session = svc.state.session(model.session_id, live=False)
+        svc.state.samplers[new_id] = Sampler(new_id, session.session_id, str(base_model), None)
+        session.sampler_ids.append(new_id)
+        return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
+
+    return svc.submit_ordered(
+        model, req.seq_id, "save_weights_for_sampler", prepare, on_loop=on_loop
+    )
+
+
+def _load_source(svc: Service, uri: str, with_optimizer: bool) -> tuple[paths.CheckpointPath, Path]:
+    source, directory = paths.existing_checkpoint(uri, svc.settings.checkpoints_dir())
+    if with_optimizer and source.kind != "weights":
+        raise ApiError(
+            400,
+            f"{uri} holds sampler weights, which have no optimizer state; load a "
+            "tinker://.../weights/... checkpoint saved with save_state",
+        )
+    return source, directory
+
+
+def load_weights(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
+    if req.session_id is not None or req.model_seq_id is not None:
+        return _create_from_checkpoint(svc, req)
+    if req.model_id is None:
+        raise ApiError(400, "load_weights needs a model_id (or session_id and model_seq_id)")
+    model = svc.state.model(req.model_id)
+
+    def prepare() -> Any:
+        _source, directory = _load_source(svc, req.path, req.optimizer)
+
+        def job(engine: Any) -> WireResult:
+            check_created(model)
+            engine.load_state(model.model_id, directory, with_optimizer=req.optimizer)
+            return json_result(
+                {"type": "load_weights", "path": req.path, "model_id": model.model_id}
+            )
+
+        return job
+
+    return svc.submit_ordered(model, req.seq_id, "load_weights", prepare)
+
+
+def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
+    if req.session_id is None or req.model_seq_id is None:
+        raise ApiError(400, "load_weights with session_id also needs model_seq_id")
+    check_optimizer(req.optimizer_config)
+    _source, directory = _load_source(svc, req.path, req.optimizer)
+    model, new = register_model(
+        svc,
+        req.session_id,
+        req.model_seq_id,
+        req.base_model or "",
+        "load_weights",
+        req.user_metadata,
+    )
+    if not new:
+        return model.creation
+    model_id = model.model_id
+    read_meta = svc.api.read_checkpoint_meta
+
+    def job(engine: Any) -> Any:
+        try:
+            meta = read_meta(directory)
+            engine.create_model(model_id, req.base_model or meta.base_model, meta.lora)
+            try:
+                engine.load_state(model_id, directory, with_optimizer=req.optimizer)
+            except BaseException:
+                engine.unload_model(model_id)
+                raise
+            return engine.model_info(model_id)
+        except BaseException as exc:
+            model.creation_error = str(exc)
+            raise
+
+    answer = {"type": "load_weights", "path": req.path, "model_id": model_id}
+    return start_creation(svc, model, job, answer)
