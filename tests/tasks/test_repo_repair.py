@@ -98,3 +98,27 @@ def test_malformed_actions_are_invalid_not_errors(garbage: str) -> None:
     world = _world()
     step = world.step(garbage)
     assert step.metrics["invalid_action"] == 1.0 and step.reward == 0.0
+
+
+def test_step_async_runs_tests_off_the_event_loop() -> None:
+    import asyncio
+
+    world = _world()
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        step = await world.step_async("run_tests")
+        task.cancel()
+        return step, ticks
+
+    step, ticks = asyncio.run(main())
+    assert "tests pass" in step.observation and not step.done
+    assert ticks >= 3  # the loop kept running while the sandbox ran the suite

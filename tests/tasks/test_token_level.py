@@ -96,3 +96,23 @@ def test_debate_groups_play_concurrently_and_the_judge_rewards(tokenizer) -> Non
         )
     with pytest.raises(ValueError, match="task="):
         make_dataset("debate", tokenizer, split="train", batch_size=1, group_size=2, n=1)
+
+
+def test_model_judge_through_a_sampling_client(tokenizer) -> None:
+    from types import SimpleNamespace
+
+    from tinker_local.tasks.debate import ModelJudge
+    from tinker_local.tasks.debate_env import sampler_completion
+    from tinker_local.tasks.sat import make_problems
+
+    class FakeSampler:  # the official SamplingClient's `await sample(...)` surface
+        async def sample(self, *, prompt, num_samples, sampling_params):
+            text = tokenizer.decode(prompt.to_ints())
+            assert "Which debater is right?" in text and sampling_params.max_tokens == 16
+            reply = _encode(tokenizer, "Winner: B")
+            return SimpleNamespace(sequences=[SimpleNamespace(tokens=reply)])
+
+    judge = ModelJudge(sampler_completion(FakeSampler(), tokenizer, max_tokens=16))
+    problem = make_problems("test", 1)[0]
+    verdict = asyncio.run(judge(problem, ["Answer: x1=True"], ["Answer: x1=False"]))
+    assert verdict.winner == 1

@@ -108,15 +108,24 @@ def _drop_privileges(cfg: dict) -> None:
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 
 
+def _cap(which: int, soft: int, hard: int | None = None) -> None:
+    """Lower a limit; never above the current hard limit (only root could raise that)."""
+    current = resource.getrlimit(which)[1]
+    hard = soft if hard is None else hard
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    resource.setrlimit(which, (soft, hard))
+
+
 def _set_limits(cfg: dict) -> None:
     lim = cfg["limits"]
     cpu = int(lim["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU first, SIGKILL a second later
-    resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_size_bytes"], lim["file_size_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _cap(resource.RLIMIT_CPU, cpu, cpu + 1)  # SIGXCPU first, SIGKILL a second later
+    _cap(resource.RLIMIT_AS, lim["memory_bytes"])
+    _cap(resource.RLIMIT_FSIZE, lim["file_size_bytes"])
+    _cap(resource.RLIMIT_NPROC, lim["nproc"])
+    _cap(resource.RLIMIT_NOFILE, 256)
+    _cap(resource.RLIMIT_CORE, 0)
     os.nice(int(cfg["nice"]))
 
 

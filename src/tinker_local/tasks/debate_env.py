@@ -14,11 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import tinker
+
+from tinker_local.rendering import render_prompt, stop_token_ids
 from tinker_local.rl.problem_env import WorldEnv, decode_action
 from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem, StepResult
 from tinker_local.tasks.debate import (
     DebaterWorld,
     Judge,
+    Message,
     RuleJudge,
     judge_group,
     make_debate_worlds,
@@ -109,3 +113,22 @@ class DebateDataset(RLDataset):
         return [
             DebateGroupBuilder(p, self.tokenizer, self.group_size, **self.options) for p in chunk
         ]
+
+
+def sampler_completion(
+    sampling_client: Any, tokenizer: Any, *, max_tokens: int = 32, temperature: float = 0.0
+):
+    """An async `complete(messages) -> text` over an official-SDK `SamplingClient`, for
+    `ModelJudge`: renders with the chat template, samples, decodes."""
+
+    async def complete(messages: list[Message]) -> str:
+        prompt = tinker.ModelInput.from_ints(render_prompt(tokenizer, messages))
+        params = tinker.SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, stop=stop_token_ids(tokenizer)
+        )
+        response = await sampling_client.sample(
+            prompt=prompt, num_samples=1, sampling_params=params
+        )
+        return decode_action(tokenizer, list(response.sequences[0].tokens))
+
+    return complete

@@ -20,12 +20,13 @@ Expert: run the tests, read the broken module, write the known fix, run the test
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import re
 import secrets
 from collections.abc import Callable
 
-from tinker_local.rl.types import TextWorld
+from tinker_local.rl.types import TextWorld, WorldStep
 from tinker_local.sandbox import SandboxConfig, run_python_sync
 from tinker_local.tasks.code_answers import extract_code
 from tinker_local.tasks.repo_bank import generate_repo
@@ -79,6 +80,10 @@ class RepoRepairWorld(ActionWorld):
         self.n_bugs = n_bugs
         self.partial_credit = partial_credit
         self.sandbox = sandbox or DEFAULT_SANDBOX
+
+    async def step_async(self, action: str) -> WorldStep:
+        # run_tests blocks on a sandboxed process: keep the caller's event loop free.
+        return await asyncio.to_thread(self.step, action)
 
     def _setup(self) -> str:
         self.repo = generate_repo(self.rng, self.n_bugs)

@@ -132,6 +132,11 @@ class ActionWorld(TextWorld):
             text += f"\nYou ran out of turns ({self.max_turns})."
         return WorldStep(text, outcome.reward, self.done, self._metrics(invalid))
 
+    async def step_async(self, action: str) -> WorldStep:
+        """What an async caller (the RL loop) should await instead of `step`: the same result;
+        worlds that block (running tests in the sandbox) override it to run off the loop."""
+        return self.step(action)
+
     def _metrics(self, invalid: bool) -> dict[str, float]:
         metrics = {"invalid_action": float(invalid)}
         if self.done:
