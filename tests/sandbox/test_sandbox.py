@@ -190,6 +190,11 @@ def test_background_child_holding_pipes_does_not_hang_caller() -> None:
     assert _sandbox_uid_processes() == []
 
 
+def test_undecodable_text_does_not_crash_the_caller() -> None:
+    res = run_python_sync("print(input())  # \udcff", stdin="a\udcffb\n")
+    assert res.ok and res.stdout.strip() == "a?b"
+
+
 def test_bad_file_path_is_a_caller_error() -> None:
     with pytest.raises(ValueError, match="relative"):
         run_python_sync("print(1)", files={"../escape.py": "x"})

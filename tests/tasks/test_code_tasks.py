@@ -126,6 +126,7 @@ def test_builtin_deduction_reference_programs_pass() -> None:
         ("```python\nwhile True:\n    pass\n```", "fail_timeout"),
         ("```python\nx = ' ' * (10 ** 10)\n```", "fail_limit"),
         ("```python\nimport os\nos.system('rm -rf ~')\n```", "fail_blocked"),
+        ("```python\nimport os\nwhile True:\n    os.fork()\n```", "fail_blocked"),
         ("```python\nimport socket\nsocket.socket().connect(('1.1.1.1', 80))\n```", "fail_blocked"),
         ("```python\nprint(open('/etc/passwd').read())\n```", "fail_blocked"),
         ("```python\ndef f(:\n```", "fail_error"),

@@ -41,7 +41,17 @@ def _world() -> RepoRepairWorld:
 
 def test_tests_and_paths_outside_the_package_are_read_only() -> None:
     world = _world()
-    for target in ["tests/test_stats.py", "../evil.py", "/etc/passwd", "README.md", "setup.cfg"]:
+    package = world.repo.package
+    for target in [
+        "tests/test_stats.py",
+        "../evil.py",
+        "/etc/passwd",
+        "README.md",
+        "setup.cfg",
+        f"{package}/a\x00b.py",
+        f"{package}/../../x.py",
+        f"{package}/x.txt",
+    ]:
         step = world.step(f"write_file {target}\n```python\nprint('x')\n```")
         assert step.metrics["invalid_action"] == 1.0, target
     assert world.step("read_file ../../etc/passwd").metrics["invalid_action"] == 1.0

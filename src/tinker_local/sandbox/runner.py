@@ -88,12 +88,14 @@ def _stage(staging: Path, code: str, stdin: str, files: dict[str, str | bytes] |
         if Path(rel).is_absolute() or not path.is_relative_to(work.resolve()):
             raise ValueError(f"sandbox file path must be relative and inside the folder: {rel!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
-    (work / "main.py").write_text(code)
-    (staging / "stdin").write_text(stdin)
+        path.write_bytes(_to_bytes(content))
+    (work / "main.py").write_bytes(_to_bytes(code))
+    (staging / "stdin").write_bytes(_to_bytes(stdin))
+
+
+def _to_bytes(content: str | bytes) -> bytes:
+    # Model text may hold lone surrogates; they must not crash the caller.
+    return content if isinstance(content, bytes) else content.encode("utf-8", "replace")
 
 
 def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None) -> dict:

@@ -56,6 +56,7 @@ _main()
 """
 DEFAULT_SANDBOX = SandboxConfig(timeout_s=10.0, memory_bytes=512 << 20)
 MAX_SHOWN = 2500  # characters of test output shown to the agent
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*\Z")  # no spaces, NULs, or tricks
 
 
 class RepoRepairWorld(ActionWorld):
@@ -103,7 +104,7 @@ class RepoRepairWorld(ActionWorld):
     def _path(self, raw: str) -> str:
         path = raw.strip().strip("`'\"[]").strip()
         norm = posixpath.normpath(path) if path else ""
-        if not norm or norm.startswith(("/", "..")) or norm == ".":
+        if not norm or norm.startswith(("/", "..")) or norm == "." or not _SAFE_PATH.match(norm):
             raise InvalidAction(f"'{raw}' is not a path inside the repository.")
         return norm
 
