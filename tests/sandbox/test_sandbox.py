@@ -31,11 +31,13 @@ def run(code: str, mode: str = "auto", **kwargs) -> object:
 
 
 def _sandbox_uid_processes() -> list[int]:
-    """PIDs owned by the uid range the sandbox hands out (unprivileged, >= 0x30000)."""
+    """PIDs owned by the uids this process's sandboxes run as (other processes use others)."""
+    from tinker_local.sandbox.runner import _UID_BASE
+
     pids = []
     for entry in os.scandir("/proc"):
         try:
-            if entry.name.isdigit() and entry.stat().st_uid >= 0x30000:
+            if entry.name.isdigit() and _UID_BASE <= entry.stat().st_uid < _UID_BASE + 64:
                 pids.append(int(entry.name))
         except OSError:
             continue
@@ -71,6 +73,15 @@ def test_infinite_loop_times_out_without_hanging_caller(mode: str) -> None:
     res = run("while True:\n    pass\n", mode, timeout_s=1.0)
     assert time.monotonic() - start < 5
     assert not res.ok and res.timed_out and "timeout" in res.reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_programs_run_niced_and_unprivileged(mode: str) -> None:
+    res = run("import os\nprint(os.nice(0), os.getuid() != 0 or os.geteuid() != 0)", mode)
+    niceness, unprivileged = res.stdout.split()
+    assert int(niceness) >= 10
+    if mode == "namespace":
+        assert unprivileged == "True"
 
 
 def test_cpu_limit_kills_busy_program() -> None:
