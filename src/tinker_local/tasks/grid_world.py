@@ -62,8 +62,7 @@ class GridWorld(ActionWorld):
         start, key = rng.sample(left, 2)
         self.key = key if locked else None
         self.state = GridState(start[0], start[1], rng.randrange(4), False, False, locked)
-        colour = rng.choice(["yellow", "red", "blue", "purple"])
-        self.colour = colour
+        self.colour = rng.choice(["yellow", "red", "blue", "purple"])
         return (
             f"Mission: get to the green goal square. The grid has {self.width} columns and "
             f"{self.height} rows (walls around the edge).\n{self.describe(self.state)}"

@@ -55,10 +55,20 @@ class Procedure:
     milestones: list[Milestone]
 
 
+# Milestone predicates over the world state.
+def has(item: str) -> Callable[[LabWorld], bool]:
+    return lambda w: item in w.inventory
+
+
+def holds(container: str, substance: str) -> Callable[[LabWorld], bool]:
+    return lambda w: substance in w.contents.get(container, set())
+
+
+def flag(name: str) -> Callable[[LabWorld], bool]:
+    return lambda w: name in w.flags
+
+
 def _procedure(name: str, colour: str) -> Procedure:
-    has = lambda item: lambda w: item in w.inventory
-    holds = lambda c, s: lambda w: s in w.contents.get(c, set())
-    flag = lambda f: lambda w: f in w.flags
     if name == "boil water":
         return Procedure(
             "boil water in the pot and measure its temperature with the thermometer",

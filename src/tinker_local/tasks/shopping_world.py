@@ -14,6 +14,7 @@ Expert: search the instruction's attributes, click the match, buy.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,36 +71,14 @@ class ShoppingWorld(ActionWorld):
             "size": rng.choice(SIZES) if sized else None,
         }
         self.max_price = float(rng.choice((30, 40, 50, 60, 80)))
-        codes = rng.sample(range(1000, 9999), 16)
-        target = Product(
-            f"B{codes[0]}", **self.want, price=round(rng.uniform(0.4, 0.9) * self.max_price, 2)
-        )
+        codes = [f"B{c}" for c in rng.sample(range(1000, 9999), 16)]
+        cheap = round(rng.uniform(0.4, 0.9) * self.max_price, 2)
+        dear = round(rng.uniform(1.1, 1.6) * self.max_price, 2)
         products = [
-            target,
-            target.__class__(
-                f"B{codes[1]}", **self.want, price=round(self.max_price * rng.uniform(1.1, 1.6), 2)
-            ),
+            Product(codes[0], **self.want, price=cheap),  # the target
+            Product(codes[1], **self.want, price=dear),  # the right item, over budget
+            *(self._near_miss(rng, code) for code in codes[2:]),
         ]
-        for code in codes[2:]:  # near misses: change one or two attributes
-            attrs = dict(self.want)
-            for key in rng.sample(["colour", "material", "size", "category"], rng.randint(1, 2)):
-                if key == "colour":
-                    attrs["colour"] = rng.choice([c for c in COLOURS if c != self.want["colour"]])
-                elif key == "material":
-                    attrs["material"] = rng.choice(
-                        [m for m in materials if m != self.want["material"]]
-                    )
-                elif key == "size" and sized:
-                    attrs["size"] = rng.choice([s for s in SIZES if s != self.want["size"]])
-                elif key == "category":
-                    cat = rng.choice([c for c in CATEGORIES if c != category])
-                    mats, has_size = CATEGORIES[cat]
-                    attrs.update(
-                        category=cat,
-                        material=rng.choice(mats),
-                        size=rng.choice(SIZES) if has_size else None,
-                    )
-            products.append(Product(f"B{code}", **attrs, price=round(rng.uniform(10, 90), 2)))
         rng.shuffle(products)
         self.products = products
         self.results: list[Product] = []
@@ -112,10 +91,36 @@ class ShoppingWorld(ActionWorld):
         )
         return f"Instruction: {self.instruction}\nYou are on the shop's search page."
 
+    def _near_miss(self, rng: random.Random, code: str) -> Product:
+        """A distractor differing from the wanted item in one or two attributes."""
+        attrs = dict(self.want)
+        materials, sized = CATEGORIES[self.want["category"]]
+        for key in rng.sample(["colour", "material", "size", "category"], rng.randint(1, 2)):
+            if key == "colour":
+                attrs["colour"] = rng.choice([c for c in COLOURS if c != self.want["colour"]])
+            elif key == "material":
+                attrs["material"] = rng.choice([m for m in materials if m != self.want["material"]])
+            elif key == "size" and sized:
+                attrs["size"] = rng.choice([s for s in SIZES if s != self.want["size"]])
+            elif key == "category":
+                category = rng.choice([c for c in CATEGORIES if c != self.want["category"]])
+                mats, has_size = CATEGORIES[category]
+                attrs.update(
+                    category=category,
+                    material=rng.choice(mats),
+                    size=rng.choice(SIZES) if has_size else None,
+                )
+        return Product(code, **attrs, price=round(rng.uniform(10, 90), 2))
+
     def matches(self, p: Product) -> bool:
-        return (p.category, p.colour, p.material, p.size) == tuple(self.want.values()) and (
-            p.price < self.max_price
+        w = self.want
+        same = (p.category, p.colour, p.material, p.size) == (
+            w["category"],
+            w["colour"],
+            w["material"],
+            w["size"],
         )
+        return same and p.price < self.max_price
 
     def _results_text(self) -> str:
         lines = [f"[{p.code}] {p.title} - ${p.price:.2f}" for p in self.results]
