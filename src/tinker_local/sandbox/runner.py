@@ -223,7 +223,7 @@ def run_python_sync(
     cfg = config or SandboxConfig()
     mode = detect_isolation() if cfg.isolation == "auto" else cfg.isolation
     if mode not in ("namespace", "plain"):
-        raise ValueError(f"unknown sandbox isolation {cfg.isolation!r}")
+        raise ValueError(f"unknown sandbox isolation {mode!r} (use 'namespace' or 'plain')")
     staging = Path(tempfile.mkdtemp(prefix="tinker-local-sandbox-"))
     uid = None
     try:
