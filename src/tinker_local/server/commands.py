@@ -70,7 +70,11 @@ def serve_main(argv: list[str]) -> int:
         "or in Python: tinker.ServiceClient(base_url=..., api_key=...). Ctrl-C stops.",
         flush=True,
     )
-    server.run_forever()
+    try:
+        server.run_forever()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its clean shutdown; that is the normal way out
+    print("tinker-local server stopped", flush=True)
     return 0
 
 

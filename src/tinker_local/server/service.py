@@ -51,7 +51,7 @@ class ServerSettings:
     client_config: dict[str, Any] = field(default_factory=dict)
     # How long retrieve_future holds a pending request before answering try_again. The SDK's
     # own timeout for that call is 45 s.
-    long_poll_s: float = 20.0
+    long_poll_s: float = 25.0
     # How long a forward_backward waits for a missing earlier seq_id (see sequencer.py).
     gap_wait_s: float = DEFAULT_GAP_WAIT_S
     # Sessions silent for this long (no heartbeat; the SDK sends one every 10 s) are finished

@@ -1,0 +1,113 @@
+"""`tinker-local run -- CMD` and `tinker-local serve`, as real subprocesses."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import tinker
+
+from tinker_local import config
+from tinker_local.server.commands import child_environment
+
+CLI = [sys.executable, "-m", "tinker_local.cli"]
+
+# An unmodified hosted-Tinker script: it only knows the tinker SDK and its environment.
+TINY_SCRIPT = textwrap.dedent(
+    f"""
+    import os, sys
+    import tinker
+    from tinker import types
+
+    assert os.environ["TINKER_TELEMETRY"] == "0"
+    service = tinker.ServiceClient()
+    base_model = {config.TINY_TEST_MODEL!r}
+    trainer = service.create_lora_training_client(base_model=base_model, rank=4).result()
+    ids = trainer.get_tokenizer().encode("hello world, hello tinker")
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={{"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}},
+    )
+    loss = trainer.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
+    trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=3)
+    out = sampler.sample(types.ModelInput.from_ints(ids[:3]), 1, params).result()
+    print("SCRIPT-OK", round(loss, 3), len(out.sequences[0].tokens), flush=True)
+    sys.exit(3)
+    """
+)
+
+
+def test_child_environment_points_the_sdk_at_the_server() -> None:
+    env = child_environment("http://127.0.0.1:1234", {"NO_PROXY": "corp.example", "PATH": "/bin"})
+    assert env["TINKER_BASE_URL"] == "http://127.0.0.1:1234"
+    assert env["TINKER_API_KEY"] == config.LOCAL_API_KEY
+    assert env["TINKER_TELEMETRY"] == "0"
+    assert env["NO_PROXY"].split(",") == ["corp.example", "127.0.0.1", "localhost"]
+    assert "127.0.0.1" in env["no_proxy"] and env["PATH"] == "/bin"
+
+
+def test_run_needs_a_command() -> None:
+    done = subprocess.run([*CLI, "run"], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "tinker-local run -- python train.py" in done.stderr
+
+
+def test_run_executes_an_unmodified_script(tmp_path: Path) -> None:
+    script = tmp_path / "tiny_script.py"
+    script.write_text(TINY_SCRIPT)
+    done = subprocess.run(
+        [*CLI, "run", "--", sys.executable, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "SCRIPT-OK" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 3  # the child's exit code
+
+
+def test_serve_prints_how_to_connect_and_serves() -> None:
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "tinker-local serving at http://127.0.0.1:" in first, first
+        base_url = first.split(" at ", 1)[1].strip()
+        assert f"TINKER_BASE_URL={base_url}" in "".join(proc.stdout.readline() for _ in range(3))
+        assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+        with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
+            sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
+            assert sampler.get_base_model() == config.TINY_TEST_MODEL
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_refuses_a_busy_port() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [*CLI, "serve", "--port", str(port)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
