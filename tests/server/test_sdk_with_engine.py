@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import httpx
 import numpy as np
 import pytest
 import tinker
@@ -153,12 +152,14 @@ def test_forward_backward_custom(trainer: tinker.TrainingClient, tokens: list[in
 
 def test_chunked_and_compressed_forward_backward(tokens: list[int]) -> None:
     settings = embedded_server().service.settings
+    saved = dict(settings.client_config)
     settings.client_config.update(fwdbwd_max_chunk_len=2, proto_compress_fwdbwd=True)
     try:
         service = tinker_local.ServiceClient()
         trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
     finally:
         settings.client_config.clear()
+        settings.client_config.update(saved)
     data = [_datum(tokens[: 4 + i]) for i in range(5)]
     whole = trainer.forward(data, "cross_entropy").result()
     assert [o["logprobs"].shape[0] for o in whole.loss_fn_outputs] == [3, 4, 5, 6, 7]
@@ -244,12 +245,11 @@ def test_bad_input_names_the_problem_and_the_server_keeps_serving(
         == 1
     )
 
-    with httpx.Client(base_url=embedded_server().base_url, timeout=10) as http:
-        unknown = http.post(
-            "/api/v1/optim_step",
-            json={"model_id": "nope:train:0", "seq_id": 1, "adam_params": {"learning_rate": 0.1}},
-        )
-    assert unknown.status_code == 404 and "nope:train:0" in unknown.json()["error"]
+    stale = tinker.TrainingClient(
+        service.holder, model_seq_id=99, model_id="nope:train:99", info=trainer.get_info()
+    )
+    with pytest.raises(tinker.NotFoundError, match="unknown model_id 'nope:train:99'"):
+        stale.forward_backward(good, "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="no/such-model|not"):
         service.create_sampling_client(base_model="no/such-model").result()
     trainer.forward_backward(good, "cross_entropy").result()

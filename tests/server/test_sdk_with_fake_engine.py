@@ -149,12 +149,14 @@ def test_sampling_flow(fake_server: FakeServer, service: tinker.ServiceClient) -
 
 
 def test_chunked_and_compressed_forward_backward(fake_server: FakeServer) -> None:
+    saved = dict(fake_server.settings.client_config)
     fake_server.settings.client_config.update(fwdbwd_max_chunk_len=2, proto_compress_fwdbwd=True)
     try:
         service = fake_server.client()  # reads the client config when it starts
         trainer = service.create_lora_training_client(base_model="fake/base", rank=4).result()
     finally:
         fake_server.settings.client_config.clear()
+        fake_server.settings.client_config.update(saved)
     lengths = [1, 2, 3, 4, 5]
     data = [_datum(list(range(1, n + 1))) for n in lengths]
     fb = trainer.forward_backward(data, "cross_entropy")
@@ -227,6 +229,17 @@ def test_unknown_loss_fn_is_a_user_error(trainer: tinker.TrainingClient) -> None
     with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'nope'"):
         trainer.forward_backward([_datum([1])], "nope").result()  # type: ignore[arg-type]
     trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
+
+
+def test_unknown_model_id_is_named(
+    service: tinker.ServiceClient, trainer: tinker.TrainingClient
+) -> None:
+    stale = tinker.TrainingClient(
+        service.holder, model_seq_id=99, model_id="nope:train:99", info=trainer.get_info()
+    )
+    with pytest.raises(tinker.NotFoundError, match="unknown model_id 'nope:train:99'"):
+        stale.forward_backward([_datum([1])], "cross_entropy").result()
+    assert trainer.forward_backward([_datum([1])], "cross_entropy").result().metrics
 
 
 def test_long_training_step_does_not_block_heartbeats(
