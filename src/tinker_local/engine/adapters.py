@@ -1,0 +1,258 @@
+"""Many LoRA adapters (peft) on one shared, frozen base model.
+
+One `AdapterPool` per loaded base model holds every adapter on it: training adapters (one per
+training model) and frozen sampler adapters (snapshots of a training adapter, or folders loaded
+from disk). The pool owns a `peft.PeftModel` around the base; the sampler reads that same model
+with `adapter_names=[...]` per row, and training activates one adapter at a time.
+
+Isolation: each adapter has its own LoRA parameters; the base weights never require grad, and a
+training forward runs with exactly one active adapter, so training one adapter cannot change
+another adapter's outputs or the base's.
+
+LoRA scaling: `lora_alpha = 32` for every rank, so the update is scaled by 32 / rank. This is the
+parametrisation the hosted service's published LoRA guidance ("LoRA Without Regret", the
+cookbook's learning-rate formulas) assumes: with alpha fixed, the best learning rate is roughly
+independent of the rank, so a learning rate tuned there transfers here.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tinker_local.engine.errors import EngineError, user_error
+
+LORA_ALPHA = 32
+# peft needs at least one adapter on a PeftModel at all times (it keeps a stale active adapter
+# name otherwise), so each pool keeps this rank-1, never-active, all-zero-effect adapter.
+_ANCHOR = "pool_anchor"
+_ATTN = re.compile(r"attn|attention", re.IGNORECASE)
+_MLP = re.compile(r"mlp|feed_forward|ffn", re.IGNORECASE)
+_TIED_WARNING = r".*tie_word_embeddings.*"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What a training model's LoRA covers. Same rank + seed + coverage -> identical init."""
+
+    rank: int = 32
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+    def validate(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise user_error(f"lora rank must be an integer >= 1, got {self.rank!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise user_error(f"lora seed must be an integer or None, got {self.seed!r}")
+        if not (self.train_mlp or self.train_attn or self.train_unembed):
+            raise user_error(
+                "lora spec trains nothing: set at least one of train_mlp, train_attn, train_unembed"
+            )
+
+
+def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
+    """Full names of the base model's Linear layers, by role: "attn", "mlp", "unembed"."""
+    head = model.get_output_embeddings()
+    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": []}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        parents = name.split(".")[:-1]
+        if module is head:
+            groups["unembed"].append(name)
+        elif any(_ATTN.search(p) for p in parents):
+            groups["attn"].append(name)
+        elif any(_MLP.search(p) for p in parents):
+            groups["mlp"].append(name)
+    return groups
+
+
+def _compact_targets(model: nn.Module, names: list[str]) -> list[str]:
+    """Leaf names ("q_proj") when they select exactly `names`, else the full names."""
+    leaves = {n.rsplit(".", 1)[-1] for n in names}
+    selected = {n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in leaves}
+    return sorted(leaves) if selected == set(names) else sorted(names)
+
+
+class AdapterPool:
+    """Every LoRA adapter on one loaded base model, addressed by caller-chosen keys."""
+
+    def __init__(self, base_name: str, model: nn.Module):
+        from peft import LoraConfig, get_peft_model
+
+        self.base_name = base_name
+        self.groups = linear_module_groups(model)
+        self._base_for_targets = model
+        all_linear = self.groups["attn"] + self.groups["mlp"]
+        if not all_linear:
+            raise EngineError(f"{base_name}: found no attention or MLP Linear layers", "server")
+        anchor = LoraConfig(r=1, lora_alpha=1, lora_dropout=0.0, target_modules=[all_linear[0]])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_TIED_WARNING)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            with torch.random.fork_rng(devices=[]):
+                self.model = get_peft_model(model, anchor, adapter_name=_ANCHOR)
+        # peft refuses per-row adapter_names in training mode, and we never want dropout.
+        self.model.eval()
+        self.model.set_adapter(_ANCHOR, inference_mode=True)
+        self._names: dict[str, str] = {}  # key -> peft adapter name
+        self._counter = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._names
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def adapter_name(self, key: str) -> str:
+        """The peft adapter name of `key` (what the sampler passes in `adapter_names`)."""
+        try:
+            return self._names[key]
+        except KeyError:
+            raise user_error(f"no adapter {key!r} on base model {self.base_name}") from None
+
+    def target_modules(self, spec: LoraSpec) -> list[str]:
+        names = (
+            (self.groups["attn"] if spec.train_attn else [])
+            + (self.groups["mlp"] if spec.train_mlp else [])
+            + (self.groups["unembed"] if spec.train_unembed else [])
+        )
+        if not names:
+            raise user_error(f"{self.base_name} has no layers for this lora spec: {spec}")
+        return _compact_targets(self._base_for_targets, names)
+
+    def create(self, key: str, spec: LoraSpec) -> None:
+        """A new trainable adapter: A random (seeded), B zero, so it starts equal to the base."""
+        from peft import LoraConfig
+
+        spec.validate()
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=LORA_ALPHA,
+            lora_dropout=0.0,
+            bias="none",
+            target_modules=self.target_modules(spec),
+        )
+        seed = spec.seed if spec.seed is not None else secrets.randbits(62)
+        self._add(key, config, seed)
+
+    def snapshot(self, source_key: str, key: str) -> None:
+        """A frozen copy of `source_key`'s current weights, under the new key."""
+        source = self.adapter_name(source_key)
+        config = copy.deepcopy(self.model.peft_config[source])
+        self._add(key, config, seed=0)  # init is overwritten below
+        self.load_state_dict(key, self.state_dict(source_key))
+
+    def load_folder(self, folder: Path, key: str) -> None:
+        """A frozen adapter from a PEFT adapter folder (adapter_config.json + safetensors)."""
+        from peft import LoraConfig
+        from safetensors.torch import load_file
+
+        weights = Path(folder) / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise user_error(f"{folder} has no adapter_model.safetensors")
+        try:
+            config = LoraConfig.from_pretrained(str(folder))
+        except (OSError, ValueError, TypeError) as error:
+            raise user_error(f"{folder}: unreadable adapter_config.json ({error})") from None
+        config.inference_mode = False
+        self._add(key, config, seed=0)
+        try:
+            self.load_state_dict(key, load_file(str(weights)))
+        except EngineError:
+            self.remove(key)
+            raise
+
+    def remove(self, key: str) -> None:
+        name = self.adapter_name(key)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+            self.model.delete_adapter(name)
+        del self._names[key]
+        # peft may have activated some other adapter (and made it trainable): undo that.
+        self.model.set_adapter(_ANCHOR, inference_mode=True)
+
+    def _add(self, key: str, config: Any, seed: int) -> None:
+        if key in self._names:
+            raise user_error(f"adapter {key!r} already exists on {self.base_name}")
+        self._counter += 1
+        name = f"adapter_{self._counter}"
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_TIED_WARNING)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    self.model.add_adapter(name, config)
+        except ValueError as error:  # e.g. target modules that this base does not have
+            raise user_error(f"cannot add adapter to {self.base_name}: {error}") from None
+        self.model.set_requires_grad(name, requires_grad=False)
+        self._names[key] = name
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    def parameters(self, key: str) -> dict[str, nn.Parameter]:
+        """`key`'s LoRA parameters under peft's saved-file names (adapter name removed), sorted."""
+        marker = f".{self.adapter_name(key)}."
+        found = {
+            name.replace(marker, "."): param
+            for name, param in self.model.named_parameters()
+            if marker in name
+        }
+        return dict(sorted(found.items()))
+
+    def state_dict(self, key: str) -> dict[str, torch.Tensor]:
+        """A CPU copy of `key`'s weights in the PEFT file format."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.parameters(key).items()}
+
+    def load_state_dict(self, key: str, state: dict[str, torch.Tensor]) -> None:
+        params = self.parameters(key)
+        missing = sorted(set(params) - set(state))
+        unexpected = sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise user_error(
+                f"adapter weights do not match this LoRA layout: missing {missing[:3]}"
+                f"{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
+                f"{'...' if len(unexpected) > 3 else ''}"
+            )
+        for name, param in params.items():  # check everything before changing anything
+            if tuple(state[name].shape) != tuple(param.shape):
+                raise user_error(
+                    f"adapter weight {name} has shape {tuple(state[name].shape)}, "
+                    f"expected {tuple(param.shape)} (a different LoRA rank?)"
+                )
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+
+    def config(self, key: str) -> Any:
+        """A copy of `key`'s peft LoraConfig."""
+        return copy.deepcopy(self.model.peft_config[self.adapter_name(key)])
+
+    # ---- running -----------------------------------------------------------------------------
+
+    @contextmanager
+    def active(self, key: str, trainable: bool) -> Iterator[nn.Module]:
+        """Make `key` the one adapter a plain forward uses; yields the peft model.
+
+        With `trainable`, its parameters require grad for the duration (nothing else does).
+        """
+        name = self.adapter_name(key)
+        self.model.set_adapter(name, inference_mode=not trainable)
+        try:
+            yield self.model
+        finally:
+            self.model.set_adapter(_ANCHOR, inference_mode=True)

@@ -1,0 +1,375 @@
+"""`Engine`: the facade the server calls (see docs/internals.md).
+
+Synchronous and not thread-safe: the server calls it from one worker thread. Inputs and outputs
+are the SDK's own types. Bad input raises `EngineError` (category "user") naming the datum and
+field; a failed forward_backward leaves the accumulated gradients as they were before the call.
+
+Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
+"sampler:<sampler_id>", so training and sampler ids can never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tinker import types
+
+from tinker_local.engine import checkpoints, models
+from tinker_local.engine.adapters import AdapterPool, LoraSpec
+from tinker_local.engine.checkpoints import CheckpointMeta
+from tinker_local.engine.errors import EngineError, user_error
+from tinker_local.engine.logprobs import (
+    DEFAULT_TOKEN_BUDGET,
+    Sequence,
+    activation_checkpointing,
+    limit_heap_fragmentation,
+    plan_micro_batches,
+    sequence_logprobs,
+    split_causal_lm,
+)
+from tinker_local.engine.losses import elementwise_loss, get_loss_fn, prepare_data, resolve_config
+from tinker_local.engine.optimizer import AdapterOptimizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CheckpointMeta", "Engine", "EngineError", "LoraSpec", "ModelInfo", "SampleRequest"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    base_model: str
+    lora_rank: int
+    tokenizer_path: str  # a local folder AutoTokenizer.from_pretrained can read
+    lora: LoraSpec
+
+
+@dataclass
+class SampleRequest:
+    sampler_id: str
+    prompt: list[int]
+    sampling_params: types.SamplingParams
+    num_samples: int = 1
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+
+
+@dataclass
+class _Base:
+    loaded: Any  # models.LoadedBase
+    pool: AdapterPool
+    vocab: int  # logits width: the valid token id range
+    sampler: Any = None  # sampler.Sampler, built on first use
+
+
+@dataclass
+class _TrainingModel:
+    base_model: str
+    spec: LoraSpec
+    optimizer: AdapterOptimizer
+
+
+@dataclass(frozen=True)
+class _SamplerEntry:
+    base_model: str
+    adapter_key: str | None  # None: the bare base model
+
+
+def _train_key(model_id: str) -> str:
+    return f"train:{model_id}"
+
+
+def _sampler_key(sampler_id: str) -> str:
+    return f"sampler:{sampler_id}"
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        checkpoint_activations: bool = True,
+        loader: Callable[[str], Any] | None = None,
+    ):
+        """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
+        `checkpoint_activations`: recompute layer activations in backward (less memory).
+        `loader(name) -> LoadedBase` replaces `models.load_base` (tests)."""
+        try:
+            resolved_device = models.resolve_device(device)
+            resolved_dtype = models.resolve_dtype(dtype, resolved_device)
+        except ValueError as error:
+            raise user_error(str(error)) from None
+        self._loader = loader or (
+            lambda name: models.load_base(name, device=resolved_device, dtype=resolved_dtype)
+        )
+        self.token_budget = token_budget
+        self.checkpoint_activations = checkpoint_activations
+        self._bases: dict[str, _Base] = {}
+        self._models: dict[str, _TrainingModel] = {}
+        self._samplers: dict[str, _SamplerEntry] = {}
+        limit_heap_fragmentation()
+
+    @staticmethod
+    def available_models() -> list[str]:
+        return models.available_models()
+
+    # ---- training models ---------------------------------------------------------------------
+
+    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+        if model_id in self._models:
+            raise user_error(f"model {model_id!r} already exists")
+        lora.validate()
+        base = self._base(base_model)
+        key = _train_key(model_id)
+        base.pool.create(key, lora)
+        optimizer = AdapterOptimizer(base.pool.parameters(key))
+        self._models[model_id] = _TrainingModel(base_model, lora, optimizer)
+
+    def model_info(self, model_id: str) -> ModelInfo:
+        model = self._model(model_id)
+        folder = self._bases[model.base_model].loaded.folder
+        return ModelInfo(model.base_model, model.spec.rank, str(folder), model.spec)
+
+    def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
+        """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
+        return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        forward_only: bool,
+    ) -> types.ForwardBackwardOutput:
+        model = self._model(model_id)
+        base = self._bases[model.base_model]
+        loss = get_loss_fn(loss_fn)
+        config = resolve_config(loss, loss_fn_config)
+        prepared = prepare_data(data, loss, base.vocab)  # all validation before any compute
+        saved_grads = None if forward_only else [
+            None if p.grad is None else p.grad.clone() for p in model.optimizer.params
+        ]
+        outputs: list[dict[str, types.TensorData]] = [{} for _ in prepared]
+        total = 0.0
+        try:
+            with (
+                base.pool.active(_train_key(model_id), trainable=not forward_only) as peft_model,
+                torch.set_grad_enabled(not forward_only),
+                activation_checkpointing(
+                    peft_model, self.checkpoint_activations and not forward_only
+                ),
+            ):
+                lengths = [int(d.tokens.shape[0]) for d in prepared]
+                for batch in plan_micro_batches(lengths, self.token_budget):
+                    sequences = [Sequence(prepared[i].tokens, prepared[i].targets) for i in batch]
+                    logprobs = sequence_logprobs(peft_model, sequences)
+                    losses = [
+                        elementwise_loss(loss, lp, prepared[i], config)
+                        for i, lp in zip(batch, logprobs)
+                    ]
+                    batch_loss = torch.stack([token_losses.sum() for token_losses in losses]).sum()
+                    if not forward_only:
+                        batch_loss.backward()
+                    total += float(batch_loss.detach())
+                    for i, lp, token_losses in zip(batch, logprobs, losses):
+                        outputs[i] = {
+                            "logprobs": types.TensorData.from_torch(lp.detach().float().cpu()),
+                            "elementwise_loss": types.TensorData.from_torch(
+                                token_losses.detach().float().cpu()
+                            ),
+                        }
+        except BaseException:
+            if saved_grads is not None:  # all or nothing: drop this call's partial gradients
+                for param, grad in zip(model.optimizer.params, saved_grads):
+                    param.grad = grad
+            raise
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord",
+            loss_fn_outputs=outputs,
+            metrics={"loss:sum": total},
+        )
+
+    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
+        return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(adam))
+
+    def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
+        model = self._model(model_id)
+        optimizer_state = model.optimizer.state_dict() if with_optimizer else None
+        self._save(model_id, directory, "state", optimizer_state)
+
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        self._save(model_id, directory, "sampler", None)
+
+    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
+        model = self._model(model_id)
+        meta = checkpoints.read_checkpoint_meta(Path(directory))
+        if meta.base_model != model.base_model:
+            raise user_error(
+                f"checkpoint {directory} was trained on {meta.base_model!r}, but model "
+                f"{model_id!r} uses {model.base_model!r}"
+            )
+        # Read everything first, so a bad file leaves the model untouched.
+        weights = checkpoints.load_adapter_weights(Path(directory))
+        optimizer_state = (
+            checkpoints.load_optimizer_state(Path(directory)) if with_optimizer else None
+        )
+        pool = self._bases[model.base_model].pool
+        key = _train_key(model_id)
+        fresh = AdapterOptimizer(pool.parameters(key))
+        if optimizer_state is not None:
+            fresh.load_state_dict(optimizer_state)
+        pool.load_state_dict(key, weights)
+        if optimizer_state is None:
+            fresh.steps = meta.step
+        model.optimizer = fresh
+
+    def unload_model(self, model_id: str) -> None:
+        model = self._model(model_id)
+        self._bases[model.base_model].pool.remove(_train_key(model_id))
+        del self._models[model_id]
+
+    @staticmethod
+    def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
+        return checkpoints.read_checkpoint_meta(Path(directory))
+
+    # ---- samplers ----------------------------------------------------------------------------
+
+    def create_sampler(
+        self,
+        sampler_id: str,
+        *,
+        base_model: str | None = None,
+        adapter_dir: Path | None = None,
+        from_model_id: str | None = None,
+    ) -> str:
+        """A sampler on the bare base, a saved adapter folder, or a snapshot of a training
+        model's current weights (later training does not change it). Returns the base name."""
+        given = [x is not None for x in (base_model, adapter_dir, from_model_id)]
+        if sum(given) != 1:
+            raise user_error("give exactly one of base_model, adapter_dir, from_model_id")
+        if sampler_id in self._samplers:
+            raise user_error(f"sampler {sampler_id!r} already exists")
+        key = _sampler_key(sampler_id)
+        if base_model is not None:
+            self._base(base_model)
+            entry = _SamplerEntry(base_model, None)
+        elif adapter_dir is not None:
+            meta = checkpoints.read_checkpoint_meta(Path(adapter_dir))
+            self._base(meta.base_model).pool.load_folder(Path(adapter_dir), key)
+            entry = _SamplerEntry(meta.base_model, key)
+        else:
+            model = self._model(str(from_model_id))
+            self._bases[model.base_model].pool.snapshot(_train_key(str(from_model_id)), key)
+            entry = _SamplerEntry(model.base_model, key)
+        self._samplers[sampler_id] = entry
+        return entry.base_model
+
+    def sample_batch(
+        self, requests: list[SampleRequest]
+    ) -> list[types.SampleResponse | EngineError]:
+        """Sample every request; one batch per base model (adapters mix within a batch). A bad
+        request gets its own EngineError and does not affect the others."""
+        from tinker_local.engine.sampler import GenRequest, SamplingError
+
+        results: list[types.SampleResponse | EngineError | None] = [None] * len(requests)
+        groups: dict[str, list[tuple[int, Any]]] = {}
+        for index, request in enumerate(requests):
+            try:
+                entry = self._sampler(request.sampler_id)
+                base = self._bases[entry.base_model]
+                adapter = None if entry.adapter_key is None else (
+                    base.pool.adapter_name(entry.adapter_key)
+                )
+                gen = GenRequest(
+                    prompt=list(request.prompt),
+                    params=request.sampling_params,
+                    num_samples=request.num_samples,
+                    adapter_name=adapter,
+                    prompt_logprobs=request.prompt_logprobs,
+                    topk_prompt_logprobs=request.topk_prompt_logprobs,
+                )
+                self._base_sampler(base).validate(gen)
+                groups.setdefault(entry.base_model, []).append((index, gen))
+            except SamplingError as error:
+                results[index] = user_error(f"sample request {index}: {error}")
+            except EngineError as error:
+                results[index] = error
+        for base_model, items in groups.items():
+            sampler = self._base_sampler(self._bases[base_model])
+            try:
+                responses = sampler.generate([gen for _, gen in items])
+            except SamplingError as error:
+                failure: EngineError = user_error(str(error))
+                responses = [failure] * len(items)
+            except Exception as error:  # one base model's failure must not sink the others
+                logger.exception("sampling on %s failed", base_model)
+                failure = EngineError(f"sampling failed: {error}", "server")
+                responses = [failure] * len(items)
+            for (index, _), response in zip(items, responses):
+                results[index] = response
+        return [r if r is not None else EngineError("no result", "server") for r in results]
+
+    def unload_sampler(self, sampler_id: str) -> None:
+        entry = self._sampler(sampler_id)
+        if entry.adapter_key is not None:
+            self._bases[entry.base_model].pool.remove(entry.adapter_key)
+        del self._samplers[sampler_id]
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _base(self, name: str) -> _Base:
+        if not isinstance(name, str) or not name:
+            raise user_error(f"base_model must be a non-empty string, got {name!r}")
+        if name not in self._bases:
+            try:
+                loaded = self._loader(name)
+            except (models.ModelNotFoundError, models.InvalidModelFolderError) as error:
+                raise user_error(str(error)) from None
+            pool = AdapterPool(name, loaded.model)
+            vocab = split_causal_lm(pool.model).vocab
+            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab)
+        return self._bases[name]
+
+    def _base_sampler(self, base: _Base) -> Any:
+        if base.sampler is None:
+            from tinker_local.engine.sampler import Sampler
+
+            loaded = base.loaded
+            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids)
+        return base.sampler
+
+    def _model(self, model_id: str) -> _TrainingModel:
+        try:
+            return self._models[model_id]
+        except (KeyError, TypeError):
+            raise user_error(f"unknown model_id {model_id!r}") from None
+
+    def _sampler(self, sampler_id: str) -> _SamplerEntry:
+        try:
+            return self._samplers[sampler_id]
+        except (KeyError, TypeError):
+            raise user_error(f"unknown sampler_id {sampler_id!r}") from None
+
+    def _save(
+        self, model_id: str, directory: Path, kind: str, optimizer_state: dict | None
+    ) -> None:
+        model = self._model(model_id)
+        pool = self._bases[model.base_model].pool
+        key = _train_key(model_id)
+        meta = CheckpointMeta(
+            base_model=model.base_model,
+            lora=model.spec,
+            step=model.optimizer.steps,
+            has_optimizer=optimizer_state is not None,
+            kind=kind,
+        )
+        checkpoints.save_adapter_folder(
+            Path(directory), pool.state_dict(key), pool.config(key), meta, optimizer_state
+        )

@@ -1,0 +1,227 @@
+"""Chunked target log-probabilities for a causal LM.
+
+Memory is the point of this module. A naive `model(input_ids).logits.log_softmax(-1)` on a
+32 x 256 batch with a 49k vocabulary materialises several [8192 x 49152] float tensors (logits,
+log-softmax, their gradients): gigabytes each. Here instead:
+
+- datums are sorted by length and packed into micro-batches under a token budget (right
+  padding), so activation memory is bounded by the budget, not the request size;
+- the transformer body runs once per micro-batch to get hidden states;
+- the unembedding (lm_head, possibly with its LoRA) + log-softmax + gather run over chunks of
+  positions; with gradients each chunk is wrapped in `torch.utils.checkpoint`, so only the chunk's
+  hidden states and its gathered log-probs are kept for backward and the chunk's logits are
+  recomputed (one chunk at a time) during backward.
+
+Targets may be `(N,)` (one target per position) or `(N, K)` (K candidate targets per position, for
+top-K distillation); the result has the same shape. Training logits never get a temperature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# Float32 logits elements computed at once (per chunk of positions): 32M elements = 128 MiB.
+LOGITS_CHUNK_ELEMENTS = 1 << 25
+# Padded tokens (rows x longest row) per micro-batch. Activation memory scales with this.
+DEFAULT_TOKEN_BUDGET = 4096
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One datum's input tokens and the target token(s) each position predicts."""
+
+    tokens: torch.Tensor  # [L] int64
+    targets: torch.Tensor  # [L] or [L, K] int64
+
+    def __post_init__(self) -> None:
+        if self.tokens.ndim != 1 or self.targets.ndim not in (1, 2):
+            raise ValueError("tokens must be 1-D and targets 1-D or 2-D")
+        if self.targets.shape[0] != self.tokens.shape[0]:
+            raise ValueError("targets must have one row per input token")
+
+    @property
+    def width(self) -> int:
+        """Targets per position (K); 1 for 1-D targets."""
+        return 1 if self.targets.ndim == 1 else int(self.targets.shape[1])
+
+
+@dataclass(frozen=True)
+class CausalLMParts:
+    body: nn.Module  # token ids -> final hidden states (after the final norm)
+    head: nn.Module  # hidden states -> logits (may be a peft LoRA layer)
+    vocab: int  # number of logits the head produces
+    softcap: float | None  # final logit soft-capping (Gemma-2 style), if the model has one
+
+
+def split_causal_lm(model: nn.Module) -> CausalLMParts:
+    """Split a Hugging Face causal LM (optionally wrapped by peft) into body and head."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(base, base.base_model_prefix)
+    head = base.get_output_embeddings()
+    inner = head.get_base_layer() if hasattr(head, "get_base_layer") else head
+    vocab = int(inner.weight.shape[0])
+    softcap = getattr(base.config, "final_logit_softcapping", None)
+    return CausalLMParts(body=body, head=head, vocab=vocab, softcap=softcap)
+
+
+def plan_micro_batches(
+    lengths: list[int], token_budget: int = DEFAULT_TOKEN_BUDGET
+) -> list[list[int]]:
+    """Group datum indices into micro-batches whose padded size (rows x longest) fits the budget.
+
+    Longest first, so rows of similar length share a batch and padding stays small. A single
+    datum longer than the budget gets a micro-batch of its own.
+    """
+    if token_budget < 1:
+        raise ValueError("token_budget must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        width = lengths[current[0]] if current else lengths[index]
+        if current and width * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _gathered_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, softcap: float | None
+) -> torch.Tensor:
+    """log p(target) for a chunk: [C, H] hidden, [C, K] targets -> [C, K] float32."""
+    logits = head(hidden).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def chunked_logprobs(
+    parts: CausalLMParts,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """log p(targets) for [n, H] hidden states and [n, K] targets, chunk by chunk of positions."""
+    chunk = max(1, chunk_elements // parts.vocab)
+    needs_graph = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in parts.head.parameters())
+    )
+    compute = functools.partial(_gathered_logprobs, parts.head, softcap=parts.softcap)
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        if needs_graph:
+            # Recompute this chunk's logits in backward instead of keeping them alive.
+            pieces.append(checkpoint(compute, h, t, use_reentrant=False))
+        else:
+            pieces.append(compute(h, t))
+    if not pieces:
+        return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    return torch.cat(pieces)
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    sequences: list[Sequence],
+    *,
+    pad_token_id: int = 0,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> list[torch.Tensor]:
+    """Target log-probs for one micro-batch of sequences, one float32 tensor per sequence.
+
+    Differentiable when grad is enabled (the caller chooses with `torch.no_grad()` or not). Each
+    result has its sequence's target shape: [L] or [L, K].
+    """
+    if not sequences:
+        return []
+    parts = split_causal_lm(model)
+    device = next(parts.head.parameters()).device
+    lengths = [int(s.tokens.shape[0]) for s in sequences]
+    width = max(lengths)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : lengths[row]] = seq.tokens
+    position_ids = torch.arange(width).unsqueeze(0).expand(len(sequences), -1)
+    # Right padding under a causal mask: a real token only attends to earlier positions, which
+    # are all real, so no padding mask is needed. Leaving it out keeps attention on the fused
+    # causal kernel instead of a materialised [rows x heads x T x T] mask (measured: 2x faster
+    # forward on CPU, less memory). Pad positions compute garbage that is never read.
+    hidden = parts.body(
+        input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False
+    ).last_hidden_state
+
+    results: list[torch.Tensor | None] = [None] * len(sequences)
+    # Rows with the same number of targets per position share one chunked pass.
+    by_width: dict[int, list[int]] = {}
+    for row, seq in enumerate(sequences):
+        by_width.setdefault(seq.width, []).append(row)
+    for rows in by_width.values():
+        flat_hidden = torch.cat([hidden[row, : lengths[row]] for row in rows])
+        flat_targets = torch.cat([sequences[row].targets.reshape(lengths[row], -1) for row in rows])
+        flat = chunked_logprobs(parts, flat_hidden, flat_targets.to(device), chunk_elements)
+        for row, piece in zip(rows, flat.split([lengths[r] for r in rows])):
+            results[row] = piece if sequences[row].targets.ndim == 2 else piece.squeeze(-1)
+    return [r for r in results if r is not None]
+
+
+def limit_heap_fragmentation(threshold_bytes: int = 1 << 20) -> bool:
+    """Serve every allocation above `threshold_bytes` with its own mmap (glibc only).
+
+    glibc raises its mmap threshold dynamically after large frees, after which big transient
+    tensors (activations, logits chunks) come from the heap and fragment it: freed memory stays
+    in the process. Measured on a SmolLM2-135M LoRA step with 2048 tokens: peak RSS 3.4 GB with
+    the default policy, 1.7 GB with a fixed 1 MiB threshold. Returns whether it took effect.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3  # from <malloc.h>; setting it also disables the dynamic adjustment
+        return bool(libc.mallopt(m_mmap_threshold, int(threshold_bytes)))
+    except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
+        return False
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Recompute each transformer layer's activations in backward instead of storing them.
+
+    Hugging Face layers checkpoint only when `gradient_checkpointing` is set *and* the layer is in
+    training mode. We flip `training` on the layer objects alone (not their children), so dropout
+    modules inside stay in eval mode and outputs are identical to a plain forward.
+    """
+    if not enabled:
+        yield
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    saved = [(m, m.gradient_checkpointing, m.training) for m in layers]
+    func = functools.partial(checkpoint, use_reentrant=False)
+    try:
+        for layer in layers:
+            layer._gradient_checkpointing_func = func
+            layer.gradient_checkpointing = True
+            layer.training = True
+        yield
+    finally:
+        for layer, flag, training in saved:
+            layer.gradient_checkpointing = flag
+            layer.training = training
