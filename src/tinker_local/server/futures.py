@@ -24,8 +24,9 @@ logger = logging.getLogger("tinker_local.server")
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
 
-# Finished futures are kept this long after they finish, so a poll retried after a network
-# error still finds its result, then dropped (the SDK never asks twice once it has it).
+# A result is kept this long after it was sent, in case the response got lost and the SDK
+# polls again; results nobody fetched are kept longer, then dropped.
+KEEP_RETRIEVED_S = 60.0
 KEEP_FINISHED_S = 15 * 60
 # Hard cap on remembered futures; the oldest finished ones go first.
 MAX_FUTURES = 20_000
@@ -62,6 +63,7 @@ class FutureRecord:
     waiter: asyncio.Future[WireResult]
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
+    retrieved_at: float | None = None
 
 
 class FutureStore:
@@ -69,6 +71,7 @@ class FutureStore:
 
     def __init__(self) -> None:
         self._records: OrderedDict[str, FutureRecord] = OrderedDict()
+        self._last_sweep = 0.0
 
     def create(self, kind: str) -> FutureRecord:
         loop = asyncio.get_running_loop()
@@ -79,7 +82,6 @@ class FutureStore:
             future=future,
             waiter=asyncio.wrap_future(future, loop=loop),
         )
-        record.waiter.add_done_callback(lambda _: _mark_finished(record))
         self._records[record.request_id] = record
         self._sweep()
         return record
@@ -97,10 +99,17 @@ class FutureStore:
 
     def _sweep(self) -> None:
         now = time.monotonic()
+        if now - self._last_sweep < 1.0 and len(self._records) <= MAX_FUTURES:
+            return
+        self._last_sweep = now
+        for rec in self._records.values():
+            if rec.finished_at is None and rec.future.done():
+                rec.finished_at = now  # first seen finished
         expired = [
             rid
             for rid, rec in self._records.items()
-            if rec.finished_at is not None and now - rec.finished_at > KEEP_FINISHED_S
+            if (rec.retrieved_at is not None and now - rec.retrieved_at > KEEP_RETRIEVED_S)
+            or (rec.finished_at is not None and now - rec.finished_at > KEEP_FINISHED_S)
         ]
         for rid in expired:
             del self._records[rid]
@@ -108,10 +117,6 @@ class FutureStore:
             finished = [rid for rid, rec in self._records.items() if rec.finished_at is not None]
             for rid in finished[: len(self._records) - MAX_FUTURES]:
                 del self._records[rid]
-
-
-def _mark_finished(record: FutureRecord) -> None:
-    record.finished_at = time.monotonic()
 
 
 async def wait_for_result(record: FutureRecord, timeout_s: float) -> WireResult | None:
@@ -124,4 +129,5 @@ async def wait_for_result(record: FutureRecord, timeout_s: float) -> WireResult 
         await asyncio.wait([record.waiter], timeout=timeout_s)
     if not record.waiter.done():
         return None
+    record.retrieved_at = time.monotonic()
     return record.waiter.result()
