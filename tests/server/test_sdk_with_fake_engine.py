@@ -400,3 +400,30 @@ def test_rest_client_reads_runs_and_checkpoints(fake_server: FakeServer) -> None
     ] == [state]
     with pytest.raises(tinker.NotFoundError):
         rest.get_training_run("nobody:train:9").result()
+
+
+def test_a_pickled_sampling_client_samples_from_another_process(
+    service: tinker.ServiceClient,
+) -> None:
+    import base64
+    import pickle
+    import subprocess
+    import sys
+
+    sampler = service.create_sampling_client(base_model="fake/base").result()
+    blob = base64.b64encode(pickle.dumps(sampler)).decode()
+    code = (
+        "import base64, pickle\n"
+        "from tinker import types\n"
+        f"client = pickle.loads(base64.b64decode({blob!r}))\n"
+        "params = types.SamplingParams(max_tokens=3, seed=5, stop=[])\n"
+        "out = client.sample(types.ModelInput.from_ints([1, 2]), 2, params).result()\n"
+        "print([s.tokens for s in out.sequences])\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr
+    params = types.SamplingParams(max_tokens=3, seed=5, stop=[])
+    here = sampler.sample(types.ModelInput.from_ints([1, 2]), 2, params).result()
+    assert child.stdout.strip() == str([s.tokens for s in here.sequences])
