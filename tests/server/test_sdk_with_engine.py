@@ -250,6 +250,8 @@ def test_bad_input_names_the_problem_and_the_server_keeps_serving(
     )
     with pytest.raises(tinker.NotFoundError, match="unknown model_id 'nope:train:99'"):
         stale.forward_backward(good, "cross_entropy").result()
-    with pytest.raises(tinker.BadRequestError, match="no/such-model|not"):
+    with pytest.raises(tinker.BadRequestError, match="no/such-model"):
         service.create_sampling_client(base_model="no/such-model").result()
+    with pytest.raises(tinker.RequestFailedError, match="no/such-model"):
+        service.create_lora_training_client(base_model="no/such-model").result()
     trainer.forward_backward(good, "cross_entropy").result()
