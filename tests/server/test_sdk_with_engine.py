@@ -137,6 +137,20 @@ def test_sampling(
     assert len(out.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in out.sequences)
 
 
+def test_concurrent_samples_are_batched(service: tinker.ServiceClient, tokens: list[int]) -> None:
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    worker = embedded_server().service.worker
+    prompts = [types.ModelInput.from_ints(tokens[i : i + 3 + i]) for i in range(5)]
+    params = [types.SamplingParams(max_tokens=6, seed=100 + i, stop=[]) for i in range(5)]
+    alone = [sampler.sample(p, 2, q).result() for p, q in zip(prompts, params)]
+    before = len(worker.batch_sizes)
+    together = [sampler.sample(p, 2, q) for p, q in zip(prompts, params)]
+    together = [f.result() for f in together]
+    assert max(worker.batch_sizes[before:]) > 1
+    for a, b in zip(alone, together):
+        assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+
+
 def test_forward_backward_custom(trainer: tinker.TrainingClient, tokens: list[int]) -> None:
     def loss_fn(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
         loss = sum(-(lp * 0.5).sum() for lp in logprobs)

@@ -352,19 +352,21 @@ def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
     assert sorted(times)[10] < 0.02
 
 
-def test_silent_sessions_expire(fake_server: FakeServer) -> None:
-    from tinker_local.server import sessions
+def test_silent_sessions_expire() -> None:
+    from server_fake_engine import FakeEngine, fake_engine_api
 
-    service = fake_server.server.service
-    with httpx.Client(base_url=fake_server.base_url, timeout=5) as http:
-        session_id = http.post(
-            "/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "x"}
-        ).json()["session_id"]
-    now = service.state.sessions[session_id].last_seen
+    from tinker_local.server import sessions
+    from tinker_local.server.service import Service
+
+    service = Service(fake_engine_api(FakeEngine()))  # state only: nothing to unload
+    quiet = service.state.new_session(None)
+    beating = service.state.new_session(None)
     timeout = service.settings.session_timeout_s
-    assert session_id not in sessions.expire_silent_sessions(service, now + timeout / 2)
-    assert session_id in sessions.expire_silent_sessions(service, now + timeout + 1)
-    assert service.state.sessions[session_id].finished is not None
+    later = quiet.last_seen + timeout + 1
+    beating.last_seen = later - 5
+    assert sessions.expire_silent_sessions(service, quiet.last_seen + timeout / 2) == []
+    assert sessions.expire_silent_sessions(service, later) == [quiet.session_id]
+    assert quiet.finished is not None and beating.finished is None
 
 
 def test_server_capabilities(service: tinker.ServiceClient) -> None:
@@ -427,3 +429,26 @@ def test_a_pickled_sampling_client_samples_from_another_process(
     params = types.SamplingParams(max_tokens=3, seed=5, stop=[])
     here = sampler.sample(types.ModelInput.from_ints([1, 2]), 2, params).result()
     assert child.stdout.strip() == str([s.tokens for s in here.sequences])
+
+
+def test_finishing_a_session_fails_requests_still_waiting_their_turn(
+    fake_server: FakeServer,
+) -> None:
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    service = fake_server.client()
+    trainer = service.create_lora_training_client(base_model="fake/base", rank=4).result()
+    session_id = trainer.model_id.split(":")[0]
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(
+            data=[_datum([1])], loss_fn="cross_entropy"
+        ),
+        model_id=trainer.model_id,
+        seq_id=2,  # seq_id 1 never comes: this waits for it
+    )
+    body = forward_backward_request_to_proto(request).SerializeToString()
+    with httpx.Client(base_url=fake_server.base_url, timeout=10) as http:
+        waiting = http.post("/api/v1/forward_backward", content=body).json()["request_id"]
+        http.post(f"/api/v1/sessions/{session_id}/finish", json={"reason": {"type": "success"}})
+        result = http.post("/api/v1/retrieve_future", json={"request_id": waiting}).json()
+    assert result["category"] == "user" and f"session {session_id} finished" in result["error"]

@@ -118,7 +118,8 @@ class Service:
                 result = on_loop(value)
             except Exception as exc:  # noqa: BLE001 - becomes the future's error
                 result = failure_result(exc)
-            record.future.set_result(result)
+            if not record.future.done():
+                record.future.set_result(result)
 
         self.spawn(finish())
 

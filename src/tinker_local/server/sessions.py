@@ -14,6 +14,7 @@ from typing import Any
 
 from tinker import types
 
+from tinker_local.server.futures import user_failure
 from tinker_local.server.service import Service
 from tinker_local.server.state import Session
 
@@ -47,7 +48,15 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
     for model_id in model_ids:
         model = svc.state.models.pop(model_id, None)
         if model is not None:
+            # Requests still waiting for their turn will never run: tell their pollers.
+            waiting = model.sequencer.waiting()
             model.sequencer.close()
+            for seq_id in waiting:
+                record = svc.futures.get(model.requests_by_seq.get(seq_id, ""))
+                if record is not None and not record.future.done():
+                    record.future.set_result(
+                        user_failure(f"session {session.session_id} finished ({reason})")
+                    )
     for sid in sampler_ids:
         svc.state.samplers.pop(sid, None)
 
