@@ -111,3 +111,24 @@ def test_serve_refuses_a_busy_port() -> None:
             timeout=60,
         )
     assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+def test_an_engine_that_cannot_start_is_a_clear_error() -> None:
+    serve = subprocess.run(
+        [*CLI, "serve", "--port", "0", "--device", "nonsense"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert serve.returncode == 1 and "cannot start the engine" in serve.stderr
+    assert "nonsense" in serve.stderr and "serving at" not in serve.stdout
+    run = subprocess.run(
+        [*CLI, "run", "--device", "nonsense", "--", sys.executable, "-c", "print('ran')"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and "cannot start the server" in run.stderr
+    assert "ran" not in run.stdout

@@ -60,6 +60,11 @@ def serve_main(argv: list[str]) -> int:
             f"tinker-local serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
         )
         return 1
+    try:
+        server.service.start_worker()
+    except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
+        print(f"tinker-local serve: cannot start the engine: {exc}", file=sys.stderr)
+        return 1
     key = args.api_key or config.LOCAL_API_KEY
     print(
         f"tinker-local serving at {server.base_url}\n"
@@ -104,7 +109,11 @@ def run_main(argv: list[str]) -> int:
     if not command:
         parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
     _setup_logging(args.log_level)
-    server = LocalServer(EngineApi.real(device=args.device, dtype=args.dtype)).start()
+    try:
+        server = LocalServer(EngineApi.real(device=args.device, dtype=args.dtype)).start()
+    except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
+        print(f"tinker-local run: cannot start the server: {exc}", file=sys.stderr)
+        return 1
     logger.info("tinker-local server for the child at %s", server.base_url)
     try:
         child = subprocess.Popen(command, env=child_environment(server.base_url))

@@ -61,8 +61,10 @@ class EngineWorker:
         self.batch_sizes: list[int] = []  # sample_batch sizes, for tests and diagnostics
 
     def start(self, timeout_s: float | None = None) -> None:
-        """Start the thread and wait for the engine to be built (re-raises its failure)."""
-        self._thread.start()
+        """Start the thread and wait for the engine to be built (re-raises its failure).
+        Calling it again only waits for (or re-raises) the same outcome."""
+        if not self._thread.is_alive() and not self._ready.done():
+            self._thread.start()
         self._ready.result(timeout=timeout_s)
 
     def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
