@@ -354,6 +354,46 @@ def test_requests_join_mid_decode_exactly(model, sampler):
             assert seq.tokens == ref_seq.tokens  # seeded: same tokens whenever it joined
 
 
+def test_decode_steps_use_the_decode_attention_path(model, sampler, monkeypatch):
+    from transformers import AttentionInterface
+
+    from tinker_local.engine.sampling import attention
+
+    calls = []
+
+    def counting(module, query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return attention.decode_attention(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, counting)
+    req = GenRequest(prompt_of(5), params(seed=2, max_tokens=4), adapter_name="second")
+    seq = sampler.generate([req])[0].sequences[0]
+    layers = model.config.num_hidden_layers
+    assert calls.count(1) == 3 * layers  # 3 decode steps after the prefill's first token
+    assert_logprobs_exact(model, req, seq)
+
+
+def test_failed_step_fails_every_request_in_flight(sampler, monkeypatch):
+    loop = SamplerLoop(sampler)
+    futures = [loop.submit(GenRequest(prompt_of(n), params(seed=n))) for n in (3, 5)]
+    loop.step()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated out of memory")
+
+    monkeypatch.setattr(sampler.runner, "forward", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        loop.step()
+    assert loop.idle
+    for f in futures:
+        with pytest.raises(RuntimeError, match="simulated"):
+            f.result(timeout=0)
+    monkeypatch.undo()
+    ok = loop.submit(GenRequest(prompt_of(4), params(seed=1, max_tokens=3)))
+    loop.run_until_idle()
+    assert len(ok.result().sequences[0].tokens) == 3
+
+
 def test_kv_cache_growing_in_chunks_stays_exact(model, sampler, monkeypatch):
     monkeypatch.setattr(batch_module, "KV_BUDGET_BYTES", 1)
     monkeypatch.setattr(batch_module, "GROW_CHUNK", 3)
@@ -370,6 +410,7 @@ def test_training_mode_is_restored(model, sampler):
         req = GenRequest(prompt_of(5), params(seed=1), adapter_name="first")
         seq = sampler.generate([req])[0].sequences[0]
         assert model.training
+        assert model.config._attn_implementation == "sdpa"  # decode attention switched back
         assert_logprobs_exact(model, req, seq)  # sampled in eval mode: no LoRA dropout
     finally:
         model.eval()

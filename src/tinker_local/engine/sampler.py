@@ -104,9 +104,18 @@ class SamplerLoop:
         return future
 
     def step(self) -> int:
-        """One scheduling step; returns how many requests completed."""
-        with self.sampler.runner.eval_mode():
-            done = self.scheduler.step()
+        """One scheduling step; returns how many requests completed. If the step fails, every
+        request in flight fails with the same exception (their futures raise it), the loop is
+        emptied, and the exception propagates."""
+        try:
+            with self.sampler.runner.eval_mode():
+                done = self.scheduler.step()
+        except BaseException as error:
+            for _, future in self._futures.values():
+                future.set_exception(error)
+            self._futures.clear()
+            self.scheduler = Scheduler(self.sampler.runner, self.sampler.tokenizer)
+            raise
         for state in done:
             _, future = self._futures.pop(id(state))
             assert state.response is not None

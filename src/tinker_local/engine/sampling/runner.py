@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from tinker_local.engine.sampling.attention import use_decode_attention
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
 
@@ -49,12 +50,13 @@ class ModelRunner:
     @contextmanager
     def eval_mode(self) -> Iterator[None]:
         """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
-        under inference_mode; the caller's training flag is restored afterwards."""
+        under inference_mode, with the decode attention path; the caller's training flag and
+        attention implementation are restored afterwards."""
         was_training = self.model.training
         if was_training:
             self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), use_decode_attention(self.model):
                 yield
         finally:
             if was_training:

@@ -76,16 +76,20 @@ class RowControls:
 
 def select_tokens(logits: torch.Tensor, ctl: RowControls) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [B, V] float32. Returns (tokens [B] int64, logprobs [B] float32)."""
-    scaled = logits * ctl.inv_temp[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
-    greedy_tokens = logits.argmax(dim=-1)
+    scaled = logits if bool((ctl.inv_temp == 1).all()) else logits * ctl.inv_temp[:, None]
+    # log_softmax by hand, keeping the unnormalised probabilities for sampling: one exp pass.
+    peak = scaled.amax(dim=-1, keepdim=True)
+    weights = (scaled - peak).exp_()
+    log_total = weights.sum(dim=-1, keepdim=True).log_()
     if bool(ctl.greedy.all()):
-        tokens = greedy_tokens
+        tokens = scaled.argmax(dim=-1)
     else:
         uniforms = _draw_uniforms(ctl.generators, logits.device)
-        sampled = _sample(logp, scaled, uniforms, ctl)
-        tokens = torch.where(ctl.greedy, greedy_tokens, sampled)
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+        tokens = _sample(weights, scaled, uniforms, ctl)
+        if bool(ctl.greedy.any()):
+            tokens = torch.where(ctl.greedy, scaled.argmax(dim=-1), tokens)
+    chosen = scaled.gather(1, tokens[:, None]) - peak - log_total
+    return tokens, chosen[:, 0]
 
 
 def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> torch.Tensor:
@@ -96,28 +100,54 @@ def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> t
 
 
 def _sample(
-    logp: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls
+    weights: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls
 ) -> torch.Tensor:
-    """Inverse-CDF sampling: token = first index whose cumulative probability exceeds u."""
+    """Inverse-CDF sampling: token = first index whose cumulative weight exceeds u * total."""
     filtered = (ctl.top_k > 0) | (ctl.top_p < 1)
-    tokens = _inverse_cdf(logp.exp(), u)
+    tokens = _inverse_cdf(weights, u)
     if bool(filtered.any()):
         rows = filtered.nonzero()[:, 0]
         tokens[rows] = _sample_truncated(
-            scaled.index_select(0, rows),
-            u.index_select(0, rows),
-            ctl.top_k.index_select(0, rows),
-            ctl.top_p.index_select(0, rows),
+            scaled.index_select(0, rows), u.index_select(0, rows),
+            ctl.top_k.index_select(0, rows), ctl.top_p.index_select(0, rows),
         )
     return tokens
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    # float64 cumulative sums so the total over a large vocabulary stays accurate.
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
-    target = (u * cdf[:, -1])[:, None]
-    idx = torch.searchsorted(cdf, target, right=True)[:, 0]
-    return idx.clamp_(max=probs.shape[-1] - 1)
+_BLOCK = 256
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """weights: [B, V] non-negative, not necessarily normalised. Two levels (blocks of 256,
+    then within the chosen block) instead of one cumulative sum over the whole vocabulary;
+    block sums are accumulated in float64 so the total stays accurate."""
+    rows, vocab = weights.shape
+    pad = (-vocab) % _BLOCK
+    if pad:
+        weights = torch.nn.functional.pad(weights, (0, pad))
+    blocks = weights.view(rows, -1, _BLOCK)
+    block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    target = u * block_cdf[:, -1]
+    block = torch.searchsorted(block_cdf, target[:, None], right=True)[:, 0]
+    block = block.clamp_(max=block_cdf.shape[1] - 1)
+    before = torch.where(
+        block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0
+    )
+    inner = blocks.gather(1, block[:, None, None].expand(rows, 1, _BLOCK))[:, 0]
+    inner_cdf = inner.to(torch.float64).cumsum(dim=-1)
+    offset = torch.searchsorted(inner_cdf, (target - before)[:, None], right=True)[:, 0]
+    # Guard against rounding at a block's end: never land on a zero-weight token.
+    idx = (block * _BLOCK + offset.clamp_(max=_BLOCK - 1)).clamp_(max=vocab - 1)
+    zero = weights.gather(1, idx[:, None])[:, 0] == 0
+    if bool(zero.any()):
+        idx = torch.where(zero, _last_nonzero_before(weights, idx), idx)
+    return idx
+
+
+def _last_nonzero_before(weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(weights.shape[1], device=weights.device)[None, :]
+    usable = (weights > 0) & (positions <= idx[:, None])
+    return torch.where(usable, positions, -1).amax(dim=-1).clamp_(min=0)
 
 
 def _sample_truncated(

@@ -1,0 +1,276 @@
+"""Sampler throughput: tinker-local's sampler vs `transformers` `generate(output_scores=True)`.
+
+Same model (the built-in SmolLM2-135M-Instruct, float32), same prompts, temperature 1, no top-k /
+top-p, a fixed number of new tokens per sequence (no EOS stop), and per-token logprobs from both
+(generate's from its scores, computed the way a user would). Each (case, engine, repeat) runs in
+its own subprocess, so peak RSS is per run. vLLM is compared too when it is importable.
+
+    .venv/bin/python benchmarks/sampler.py                 # all cases, 2 repeats
+    .venv/bin/python benchmarks/sampler.py --cases batch32 latency --repeats 3
+
+Prints a table and writes benchmarks/results/sampler.json. Not a test: timings on a shared CPU
+are noisy; repeats are interleaved (ours, generate, ours, ...) and the median is reported, as
+wall-clock tok/s and as CPU time per token (user + system, all threads), which other processes
+competing for the cores disturb much less.
+
+OMP_WAIT_POLICY defaults to PASSIVE here (for both engines): with the default spin-waiting,
+OpenMP threads that lose their core to another process stall every parallel region, which made
+both engines several times slower on a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Set before torch is imported (torch is only imported inside the functions below).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+RESULTS = Path(__file__).parent / "results" / "sampler.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    prompts: int
+    samples: int  # per prompt
+    new_tokens: int
+    repeats: int | None = None  # None: the --repeats default
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.samples
+
+
+CASES = {
+    "batch32": Case("batch32", prompts=32, samples=1, new_tokens=64),
+    "group8x8": Case("group8x8", prompts=8, samples=8, new_tokens=64),
+    "latency": Case("latency", prompts=1, samples=1, new_tokens=64),
+    "long64x512": Case("long64x512", prompts=64, samples=1, new_tokens=512, repeats=1),
+}
+ENGINES = ["ours", "generate"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
+
+
+def make_prompts(tokenizer, n: int) -> list[list[int]]:
+    """Deterministic prompts of varied length (about 15 to 60 tokens)."""
+    topics = ["prime numbers", "the water cycle", "binary search", "photosynthesis",
+              "compound interest", "the French revolution", "hash tables", "volcanoes"]
+    prompts = []
+    for i in range(n):
+        text = (f"Question {i}: explain {topics[i % len(topics)]} to a student. "
+                + "Give one example and keep the answer short. " * (1 + i % 4))
+        prompts.append(tokenizer.encode(text))
+    return prompts
+
+
+# -- one measured run (child process) -----------------------------------------------------------
+
+
+def run_child(case: Case, engine: str) -> dict:
+    import torch
+
+    from tinker_local import config
+    from tinker_local.engine.models import load_base
+
+    base = load_base(config.DEFAULT_BASE_MODEL)
+    prompts = make_prompts(base.tokenizer, case.prompts)
+    runner = {"ours": _run_ours, "generate": _run_generate, "vllm": _run_vllm}[engine]
+    runner(base, prompts[:1], case.samples, 4)  # warm-up: first-call costs are not measured
+    rss_loaded = _current_rss_mb()
+    cpu_start, start = time.process_time(), time.perf_counter()
+    sequences = runner(base, prompts, case.samples, case.new_tokens)
+    seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
+    tokens = sum(len(toks) for toks, _ in sequences)
+    result = {
+        "case": case.name, "engine": engine, "seconds": seconds, "tokens": tokens,
+        "tok_per_s": tokens / seconds, "cpu_ms_per_token": 1000 * cpu_seconds / tokens,
+        "peak_rss_mb": _peak_rss_mb(), "rss_after_load_mb": rss_loaded,
+        "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
+    }
+    # Exactness: logprobs of a few sequences against one teacher-forced forward pass.
+    result["max_logprob_error"] = _logprob_error(base.model, prompts, case.samples, sequences)
+    return result
+
+
+def _run_ours(base, prompts, samples, new_tokens):
+    from tinker import types
+
+    from tinker_local.engine.sampler import GenRequest, Sampler
+
+    sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
+    requests = [
+        GenRequest(p, types.SamplingParams(max_tokens=new_tokens, temperature=1.0, stop=[],
+                                           seed=i), num_samples=samples)
+        for i, p in enumerate(prompts)
+    ]
+    return [(s.tokens, s.logprobs) for r in sampler.generate(requests) for s in r.sequences]
+
+
+def _run_generate(base, prompts, samples, new_tokens):
+    import torch
+    from transformers import GenerationConfig
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    gen_config = GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+        num_return_sequences=samples, eos_token_id=None, pad_token_id=0,
+        output_scores=True, return_dict_in_generate=True,
+    )
+    with torch.inference_mode():
+        out = base.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
+        new = out.sequences[:, width:]
+        scores = torch.stack(out.scores, dim=1).float()
+        logprobs = torch.log_softmax(scores, dim=-1).gather(2, new[:, :, None])[:, :, 0]
+    return list(zip(new.tolist(), logprobs.tolist(), strict=True))
+
+
+def _run_vllm(base, prompts, samples, new_tokens):  # pragma: no cover - needs vllm
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(model=str(base.folder), dtype="float32")
+    params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens,
+                            ignore_eos=True, logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    return [
+        (list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+        for o in outs for c in o.outputs
+    ]
+
+
+def _logprob_error(model, prompts, samples, sequences, check=4) -> float:
+    import torch
+
+    worst = 0.0
+    with torch.inference_mode():
+        for i, (tokens, logprobs) in enumerate(sequences[:check]):
+            prompt = prompts[i // samples]
+            logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+            logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            expected = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+            worst = max(worst, (expected - torch.tensor(logprobs)).abs().max().item())
+    return worst
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _current_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+
+def measure(case: Case, engine: str, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", case.name, engine]
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"case": case.name, "engine": engine, "error": f"timed out after {timeout:.0f}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"case": case.name, "engine": engine, "error": " | ".join(tail)}
+    return json.loads(lines[-1])
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    rows = []
+    for case in dict.fromkeys(r["case"] for r in runs):
+        by_engine = {}
+        for engine in ENGINES:
+            ok = [r for r in runs if r["case"] == case and r["engine"] == engine and "error" not in r]
+            errors = [r["error"] for r in runs
+                      if r["case"] == case and r["engine"] == engine and "error" in r]
+            if not ok and not errors:
+                continue
+            by_engine[engine] = {
+                "tok_per_s": statistics.median(r["tok_per_s"] for r in ok) if ok else None,
+                "tok_per_s_all": [round(r["tok_per_s"], 1) for r in ok],
+                "cpu_ms_per_token": (statistics.median(r["cpu_ms_per_token"] for r in ok)
+                                     if ok else None),
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
+                "max_logprob_error": max(r["max_logprob_error"] for r in ok) if ok else None,
+                "errors": errors,
+            }
+        ref = by_engine.get("generate", {})
+        for engine, stats in by_engine.items():
+            ratio = cpu_ratio = None
+            if stats["tok_per_s"] and ref.get("tok_per_s"):
+                ratio = stats["tok_per_s"] / ref["tok_per_s"]
+                cpu_ratio = ref["cpu_ms_per_token"] / stats["cpu_ms_per_token"]
+            rows.append({"case": case, "engine": engine, **stats, "vs_generate": ratio,
+                         "vs_generate_cpu": cpu_ratio})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (f"{'case':<11} {'engine':<9} {'tok/s':>7} {'runs':>18} {'x gen':>6} "
+              f"{'CPU ms/tok':>10} {'x gen':>6} {'peak RSS MB':>11} {'max |dlogp|':>11}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        tps = f"{r['tok_per_s']:.1f}" if r["tok_per_s"] else "error"
+        rss = f"{r['peak_rss_mb']:.0f}" if r["peak_rss_mb"] else "-"
+        ratio = f"{r['vs_generate']:.2f}" if r["vs_generate"] else "-"
+        cpu_ratio = f"{r['vs_generate_cpu']:.2f}" if r["vs_generate_cpu"] else "-"
+        cpu = f"{r['cpu_ms_per_token']:.1f}" if r["cpu_ms_per_token"] else "-"
+        err = f"{r['max_logprob_error']:.1e}" if r["max_logprob_error"] is not None else "-"
+        runs = ",".join(str(x) for x in r["tok_per_s_all"])
+        print(f"{r['case']:<11} {r['engine']:<9} {tps:>7} {runs:>18} {ratio:>6} {cpu:>10} "
+              f"{cpu_ratio:>6} {rss:>11} {err:>11}")
+        for e in r["errors"]:
+            print(f"    {r['engine']} error: {e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs=2, metavar=("CASE", "ENGINE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(CASES[args.child[0]], args.child[1])), flush=True)
+        return
+    runs = []
+    for name in args.cases:
+        case = CASES[name]
+        for repeat in range(case.repeats or args.repeats):
+            for engine in args.engines:
+                result = measure(case, engine, args.timeout)
+                runs.append(result)
+                shown = (f"{result['tok_per_s']:.1f} tok/s" if "tok_per_s" in result
+                         else result["error"])
+                print(f"[{name} #{repeat + 1}] {engine}: {shown}", flush=True)
+    rows = summarise(runs)
+    print()
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg(), "cases": {n: vars(CASES[n]) for n in args.cases}}
+    args.out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Token selection: the drawn tokens follow the intended distribution."""
+
+from __future__ import annotations
+
+import torch
+
+from tinker_local.engine.sampling.selection import RowControls, select_tokens
+
+
+def _draw(logits: torch.Tensor, n: int, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    rows = logits.expand(n, -1).contiguous()
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    ctl = RowControls.build([temperature] * n, [top_k] * n, [top_p] * n, gens, torch.device("cpu"))
+    tokens, logprobs = select_tokens(rows, ctl)
+    expected = torch.log_softmax(logits[0] / (temperature or 1.0), -1)[tokens]
+    assert torch.allclose(logprobs, expected, atol=1e-5)
+    return tokens
+
+
+def _frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).double() / tokens.numel()
+
+
+def test_samples_follow_the_tempered_distribution():
+    torch.manual_seed(0)
+    vocab = 700  # several 256-wide blocks plus a partial one
+    logits = torch.randn(1, vocab) * 3
+    for temperature in (1.0, 0.6):
+        tokens = _draw(logits, 40_000, temperature=temperature)
+        probs = torch.softmax(logits[0] / temperature, -1).double()
+        freq = _frequencies(tokens, vocab)
+        # Each frequency within 5 standard errors of its probability.
+        stderr = (probs * (1 - probs) / tokens.numel()).sqrt()
+        assert ((freq - probs).abs() <= 5 * stderr + 1e-4).all()
+
+
+def test_top_k_and_top_p_renormalise_over_the_kept_tokens():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.05, 0.05] + [1e-9] * 300]))
+    n = 20_000
+    freq_k = _frequencies(_draw(logits, n, top_k=2), logits.shape[1])
+    assert freq_k[2:].sum() == 0
+    assert abs(freq_k[0].item() - 4 / 7) < 0.02
+    # top_p=0.65: 0.4 + 0.3 reaches it, so tokens 0 and 1 stay (0.4 alone does not).
+    freq_p = _frequencies(_draw(logits, n, top_p=0.65), logits.shape[1])
+    assert freq_p[2:].sum() == 0
+    assert abs(freq_p[0].item() - 4 / 7) < 0.02
+    # Both: top_k=3 keeps 0.4/0.3/0.2 (renormalised 0.44/0.33/0.22), then top_p=0.7 keeps two.
+    freq_kp = _frequencies(_draw(logits, n, top_k=3, top_p=0.7), logits.shape[1])
+    assert freq_kp[2:].sum() == 0
+
+
+def test_greedy_rows_mixed_with_sampled_rows():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    ctl = RowControls.build([0.0, 1.0], [0, 0], [1.0, 1.0], gens, torch.device("cpu"))
+    tokens, logprobs = select_tokens(logits, ctl)
+    assert tokens[0].item() == 1
+    assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
