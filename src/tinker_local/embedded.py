@@ -11,11 +11,12 @@ import atexit
 import logging
 import os
 import threading
-from typing import Any
-
-import tinker
+from typing import TYPE_CHECKING, Any
 
 from tinker_local import config
+
+if TYPE_CHECKING:
+    import tinker
 
 logger = logging.getLogger("tinker_local")
 
@@ -81,6 +82,8 @@ def ServiceClient(
                 f"tinker_local.ServiceClient() sets {key} itself; to use another server, "
                 "call tinker.ServiceClient(base_url=..., api_key=...) instead"
             )
+    import tinker
+
     server = embedded_server(device=device, dtype=dtype)
     # SDK telemetry would only be posted to this same process and dropped.
     os.environ.setdefault("TINKER_TELEMETRY", "0")

@@ -369,8 +369,9 @@ def test_silent_sessions_expire() -> None:
     assert quiet.finished is not None and beating.finished is None
 
 
-def test_server_capabilities(service: tinker.ServiceClient) -> None:
-    caps = service.create_rest_client().get_server_capabilities().result()
+def test_server_capabilities(fake_server: FakeServer) -> None:
+    rest = tinker.RestClient(base_url=fake_server.base_url, api_key="tml-local")
+    caps = rest.get_server_capabilities().result()
     assert [m.model_name for m in caps.supported_models] == ["fake/base"]
 
 

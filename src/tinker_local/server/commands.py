@@ -10,9 +10,9 @@ import sys
 
 from tinker_local import config
 from tinker_local.embedded import add_loopback_to_no_proxy
-from tinker_local.server.engine_api import EngineApi
-from tinker_local.server.runner import LocalServer, is_loopback
-from tinker_local.server.service import ServerSettings
+
+# The server modules (uvicorn, fastapi, the tinker SDK) are imported after the arguments are
+# parsed, so `--help` and usage errors answer at once.
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -42,6 +42,10 @@ def serve_main(argv: list[str]) -> int:
     _engine_args(parser)
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
+    from tinker_local.server.engine_api import EngineApi
+    from tinker_local.server.runner import LocalServer, is_loopback
+    from tinker_local.server.service import ServerSettings
+
     if args.api_key is not None and not args.api_key.startswith("tml-"):
         parser.error("--api-key must start with 'tml-' (the SDK refuses other keys)")
     if not is_loopback(args.host) and args.api_key is None:
@@ -109,6 +113,9 @@ def run_main(argv: list[str]) -> int:
     if not command:
         parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
     _setup_logging(args.log_level)
+    from tinker_local.server.engine_api import EngineApi
+    from tinker_local.server.runner import LocalServer
+
     try:
         server = LocalServer(EngineApi.real(device=args.device, dtype=args.dtype)).start()
     except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
