@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 from tinker_local.engine.sampling import batch as batch_module
+from tinker_local.engine.sampling import packed_linear
 
 VOCAB = 1000
 MAX_CONTEXT = 128
@@ -105,6 +106,18 @@ def test_logprobs_exact_mixed_lengths_adapters_and_samples(model, sampler):
         for seq in resp.sequences:
             assert len(seq.tokens) == req.params.max_tokens
             assert seq.stop_reason == "length"
+            assert_logprobs_exact(model, req, seq)
+
+
+def test_logprobs_exact_with_every_linear_layer_packed(model, sampler, monkeypatch):
+    # The tiny model's layers are below the packing threshold; force the packed path on for all
+    # of them (LoRA matrices included) to check it end to end.
+    monkeypatch.setattr(packed_linear, "MIN_WEIGHT_ELEMENTS", 0)
+    monkeypatch.setattr(packed_linear, "MIN_ROWS", 1)
+    reqs = [GenRequest(prompt_of(n, n), params(seed=n, max_tokens=8), num_samples=2,
+                       adapter_name=ADAPTERS[n % 3]) for n in (1, 6, 14)]
+    for req, resp in zip(reqs, sampler.generate(reqs), strict=True):
+        for seq in resp.sequences:
             assert_logprobs_exact(model, req, seq)
 
 
@@ -354,25 +367,6 @@ def test_requests_join_mid_decode_exactly(model, sampler):
             assert seq.tokens == ref_seq.tokens  # seeded: same tokens whenever it joined
 
 
-def test_decode_steps_use_the_decode_attention_path(model, sampler, monkeypatch):
-    from transformers import AttentionInterface
-
-    from tinker_local.engine.sampling import attention
-
-    calls = []
-
-    def counting(module, query, *args, **kwargs):
-        calls.append(query.shape[2])
-        return attention.decode_attention(module, query, *args, **kwargs)
-
-    monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, counting)
-    req = GenRequest(prompt_of(5), params(seed=2, max_tokens=4), adapter_name="second")
-    seq = sampler.generate([req])[0].sequences[0]
-    layers = model.config.num_hidden_layers
-    assert calls.count(1) == 3 * layers  # 3 decode steps after the prefill's first token
-    assert_logprobs_exact(model, req, seq)
-
-
 def test_failed_step_fails_every_request_in_flight(sampler, monkeypatch):
     loop = SamplerLoop(sampler)
     futures = [loop.submit(GenRequest(prompt_of(n), params(seed=n))) for n in (3, 5)]
@@ -410,7 +404,6 @@ def test_training_mode_is_restored(model, sampler):
         req = GenRequest(prompt_of(5), params(seed=1), adapter_name="first")
         seq = sampler.generate([req])[0].sequences[0]
         assert model.training
-        assert model.config._attn_implementation == "sdpa"  # decode attention switched back
         assert_logprobs_exact(model, req, seq)  # sampled in eval mode: no LoRA dropout
     finally:
         model.eval()

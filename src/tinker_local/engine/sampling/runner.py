@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
-from tinker_local.engine.sampling.attention import use_decode_attention
 from tinker_local.engine.sampling.kv_cache import SlotCache
+from tinker_local.engine.sampling.packed_linear import packed_linears
 from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
 
 
@@ -50,13 +50,13 @@ class ModelRunner:
     @contextmanager
     def eval_mode(self) -> Iterator[None]:
         """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
-        under inference_mode, with the decode attention path; the caller's training flag and
-        attention implementation are restored afterwards."""
+        under inference_mode, with packed CPU linear layers; the caller's training flag and
+        layers are restored afterwards."""
         was_training = self.model.training
         if was_training:
             self.model.eval()
         try:
-            with torch.inference_mode(), use_decode_attention(self.model):
+            with torch.inference_mode(), packed_linears(self.model):
                 yield
         finally:
             if was_training:

@@ -1,0 +1,93 @@
+"""Linear layers through oneDNN with pre-packed weights, for sampling on the CPU.
+
+`F.linear` on the CPU re-arranges the weight matrix on every call; for the small-batch
+matrix products of a decode step that costs about as much as the product itself. oneDNN's
+inner product with the weight packed once into its blocked layout was ~2x faster here, for
+32-row decode steps and for the 49k-wide output layer alike. Results differ from `F.linear`
+only by float32 rounding (~1e-6 relative).
+
+`packed_linears(model)` patches the forward of every large `nn.Linear` of a float32 CPU model
+(including the base layers inside peft's LoRA layers; the small LoRA matrices stay as they are)
+for the duration of a block. Packed weights are cached per weight tensor and repacked if the
+weight changes (its data pointer or version counter moves), so training in between is safe.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+MIN_WEIGHT_ELEMENTS = 256 * 256  # smaller matrices (LoRA A/B) are not worth packing
+MIN_ROWS = 4  # below this, except for very wide outputs, plain F.linear is faster
+WIDE_OUTPUT = 8192
+
+# id(weight) -> (weakref to weight, fingerprint of weight and bias, packed weight, packed bias)
+_cache: dict[int, tuple[weakref.ref, tuple, torch.Tensor, torch.Tensor | None]] = {}
+
+
+def available(model: nn.Module) -> bool:
+    try:
+        p = next(model.parameters())
+    except StopIteration:
+        return False
+    return torch.backends.mkldnn.is_available() and p.device.type == "cpu" and (
+        p.dtype == torch.float32
+    )
+
+
+@contextmanager
+def packed_linears(model: nn.Module) -> Iterator[None]:
+    if not available(model):
+        yield
+        return
+    patched = []
+    for module in model.modules():
+        if (type(module) is nn.Linear and module.weight.numel() >= MIN_WEIGHT_ELEMENTS
+                and "forward" not in module.__dict__):  # not already patched by an outer block
+            module.forward = _PackedForward(module)  # instance attribute shadows the class one
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+class _PackedForward:
+    def __init__(self, module: nn.Linear):
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.module.weight, self.module.bias
+        rows = x.numel() // x.shape[-1]
+        if (x.dtype != torch.float32 or torch.is_grad_enabled()
+                or (rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT)):
+            return nn.functional.linear(x, weight, bias)
+        packed_w, packed_b = _packed(weight, bias)
+        flat = x.reshape(rows, x.shape[-1]).contiguous()
+        out = torch._C._nn.mkldnn_linear(flat.to_mkldnn(), packed_w, packed_b).to_dense()
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _fingerprint(t: torch.Tensor | None) -> tuple[int, int] | None:
+    return None if t is None else (t.data_ptr(), t._version)
+
+
+def _packed(weight: torch.Tensor, bias: torch.Tensor | None):
+    key = id(weight)
+    fingerprint = (_fingerprint(weight), _fingerprint(bias))
+    entry = _cache.get(key)
+    if entry is not None:
+        ref, seen, packed_w, packed_b = entry
+        if ref() is weight and seen == fingerprint:
+            return packed_w, packed_b
+    with torch.no_grad():
+        packed_w = weight.detach().contiguous().to_mkldnn()
+        packed_b = None if bias is None else bias.detach().contiguous().to_mkldnn()
+    ref = weakref.ref(weight, lambda _, k=key: _cache.pop(k, None))
+    _cache[key] = (ref, fingerprint, packed_w, packed_b)
+    return packed_w, packed_b
