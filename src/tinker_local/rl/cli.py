@@ -140,9 +140,17 @@ def datasets_for(task: str, cfg: RLConfig, options: dict[str, Any]):
     return make
 
 
+def quiet_sdk_polling_logs() -> None:
+    """The SDK warns on every long-poll that comes back `try_again`; against a server that
+    long-polls on purpose (tinker-local) that is expected, and hundreds of lines would bury the
+    progress output."""
+    logging.getLogger("tinker.lib.api_future_impl").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_sdk_polling_logs()
     cfg = config_from_args(args)
     make = datasets_for(args.task, cfg, dict(args.task_option))
     client = _service_client(args.base_url)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.config import DEFAULT_BASE_MODEL
+from tinker_local.rl.cli import quiet_sdk_polling_logs
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks import arithmetic
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
+    quiet_sdk_polling_logs()
     started = time.perf_counter()
     result = run(cfg, datasets, on_step=show)
     print(report(result, time.perf_counter() - started))
