@@ -87,6 +87,8 @@ class SFTRun:
             check_resumable(saved, cfg)
         self.log.save_config(cfg.to_dict())
         self.state = self.log.load_state() or RunState()
+        if self.state.finished:
+            return  # nothing left to train: no client, no data
 
         if self.state.last is not None:
             self.client = self.service.create_training_client_from_state_with_optimizer(
