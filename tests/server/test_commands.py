@@ -132,3 +132,49 @@ def test_an_engine_that_cannot_start_is_a_clear_error() -> None:
     )
     assert run.returncode == 1 and "cannot start the server" in run.stderr
     assert "ran" not in run.stdout
+
+
+def test_serve_with_api_keys(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("# one per line\ntml-from-the-file-1234\n")
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", "--api-key", "tml-on-the-line-5678"]
+        + ["--api-keys-file", str(keys_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        base_url = first.split(" at ", 1)[1].strip()
+        assert "Accepting 2 API key(s)" in proc.stdout.readline()
+        refused = httpx.post(f"{base_url}/api/v1/create_session", json={}, timeout=10)
+        assert refused.status_code == 401 and "X-API-Key" in refused.json()["error"]
+        for key in ("tml-on-the-line-5678", "tml-from-the-file-1234"):
+            answer = httpx.post(
+                f"{base_url}/api/v1/client/config", json={}, headers={"X-API-Key": key}, timeout=10
+            )
+            assert answer.status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_refuses_bad_keys_and_limits(tmp_path: Path) -> None:
+    for extra, message in (
+        (["--api-key", "sk-not-tinker"], "must start with 'tml-'"),
+        (["--api-keys-file", str(tmp_path / "missing")], "cannot read --api-keys-file"),
+        (["--max-queued", "0"], "limits must be positive: max_queued_jobs"),
+    ):
+        done = subprocess.run(
+            [*CLI, "serve", "--port", "0", *extra],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr

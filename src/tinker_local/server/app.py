@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import pydantic
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
 from tinker_local.server import rest, sampling, sessions, training, weights
+from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord, wait_for_result
 from tinker_local.server.service import Service
@@ -33,8 +35,8 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 _DECODE_INLINE_BYTES = 256 * 1024
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "detail": message}, status_code=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message}, status_code=status, headers=headers)
 
 
 def _validation_summary(exc: pydantic.ValidationError) -> str:
@@ -79,12 +81,20 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message)
+        return _error(exc.status, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return _error(exc.status_code, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameters(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+            parts.append(f"{where}: {err.get('msg')}")
+        return _error(400, f"{request.url.path}: invalid parameters: {'; '.join(parts)}")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -94,12 +104,11 @@ def create_app(svc: Service) -> FastAPI:
         message = f"tinker-local server error in {request.url.path}: {type(exc).__name__}: {exc}"
         return _error(400, message + " (details in the server log)")
 
-    @app.middleware("http")
-    async def _check_api_key(request: Request, call_next: Any) -> Response:
-        expected = svc.settings.api_key
-        if expected is not None and request.headers.get("x-api-key") != expected:
-            return _error(401, "missing or wrong X-API-Key for this tinker-local server")
-        return await call_next(request)
+    app.add_middleware(
+        AccessMiddleware,
+        keys=lambda: svc.settings.api_keys,
+        max_body_bytes=lambda: svc.settings.max_body_bytes,
+    )
 
     # -- client start-up, health ----------------------------------------------------------------
 
@@ -168,10 +177,13 @@ def create_app(svc: Service) -> FastAPI:
     async def forward_backward(request: Request) -> dict[str, Any]:
         body = await request.body()
         encoding = request.headers.get("content-encoding")
+        limit = svc.settings.max_body_bytes
         if len(body) > _DECODE_INLINE_BYTES or encoding:
-            msg, data = await asyncio.to_thread(training.decode_forward_backward, body, encoding)
+            msg, data = await asyncio.to_thread(
+                training.decode_forward_backward, body, encoding, limit
+            )
         else:
-            msg, data = training.decode_forward_backward(body, encoding)
+            msg, data = training.decode_forward_backward(body, encoding, limit)
         record = training.forward_backward(svc, msg, data)
         return _future_answer(record, msg.model_id)
 
@@ -214,7 +226,9 @@ def create_app(svc: Service) -> FastAPI:
     # -- RestClient reads ----------------------------------------------------------------------
 
     @app.get("/api/v1/training_runs")
-    async def list_training_runs(limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    async def list_training_runs(
+        limit: int = Query(20, ge=1, le=10_000), offset: int = Query(0, ge=0)
+    ) -> dict[str, Any]:
         return await rest.list_training_runs(svc, limit, offset)
 
     @app.get("/api/v1/training_runs/{run_id}")
@@ -231,7 +245,9 @@ def create_app(svc: Service) -> FastAPI:
         return {}
 
     @app.get("/api/v1/checkpoints")
-    async def list_checkpoints(limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    async def list_checkpoints(
+        limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)
+    ) -> dict[str, Any]:
         return await rest.list_all_checkpoints(svc, limit, offset)
 
     @app.post("/api/v1/weights_info")
@@ -248,7 +264,7 @@ def create_app(svc: Service) -> FastAPI:
     async def retrieve_future(request: Request) -> Response:
         req = await _parse(request, types.FutureRetrieveRequest, "retrieve_future")
         record = svc.futures.get(req.request_id)
-        if record is None:
+        if record is None or record.owner != current_owner():
             raise ApiError(404, f"unknown request_id {req.request_id!r} (did the server restart?)")
         result = await wait_for_result(record, svc.settings.long_poll_s)
         if result is None:

@@ -7,6 +7,8 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from tinker_local import config
 from tinker_local.embedded import add_loopback_to_no_proxy
@@ -23,6 +25,36 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-body-mb", type=float, default=64, help="request body limit (MiB)")
+    parser.add_argument(
+        "--max-sequence-len", type=int, default=32_768, help="tokens per datum or sample"
+    )
+    parser.add_argument("--max-base-models", type=int, default=4, help="base models loaded at once")
+    parser.add_argument(
+        "--max-adapters-per-base", type=int, default=64, help="live LoRA models per base model"
+    )
+    parser.add_argument(
+        "--max-queued", type=int, default=256, help="engine jobs queued before answering 429"
+    )
+
+
+def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
+    from tinker_local.server.service import ServerSettings
+
+    limits = {
+        "max_body_bytes": int(args.max_body_mb * 1024 * 1024),
+        "max_sequence_len": args.max_sequence_len,
+        "max_base_models": args.max_base_models,
+        "max_adapters_per_base": args.max_adapters_per_base,
+        "max_queued_jobs": args.max_queued,
+    }
+    bad = [name for name, value in limits.items() if value < 1]
+    if bad:
+        raise ValueError(f"limits must be positive: {', '.join(bad)}")
+    return ServerSettings(api_keys=keys, **limits)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -37,24 +69,33 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument(
-        "--api-key", default=None, help="require this X-API-Key (must start with 'tml-')"
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept this X-API-Key (repeatable; keys start with 'tml-'); each key owns its "
+        "own sessions, models and checkpoints",
     )
+    parser.add_argument(
+        "--api-keys-file", default=None, help="file with one accepted API key per line"
+    )
+    _limit_args(parser)
     _engine_args(parser)
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
+    from tinker_local.server.access import check_keys, read_keys_file
     from tinker_local.server.engine_api import EngineApi
-    from tinker_local.server.runner import LocalServer, is_loopback
-    from tinker_local.server.service import ServerSettings
+    from tinker_local.server.runner import LocalServer
 
-    if args.api_key is not None and not args.api_key.startswith("tml-"):
-        parser.error("--api-key must start with 'tml-' (the SDK refuses other keys)")
-    if not is_loopback(args.host) and args.api_key is None:
-        logger.warning(
-            "serving on %s without --api-key: anyone who can reach this port can train and "
-            "sample on this machine",
-            args.host,
-        )
-    settings = ServerSettings(api_key=args.api_key)
+    keys = list(args.api_key)
+    if args.api_keys_file is not None:
+        try:
+            keys += read_keys_file(Path(args.api_keys_file))
+        except OSError as exc:
+            parser.error(f"cannot read --api-keys-file: {exc}")
+    try:
+        settings = _settings(args, check_keys(keys))
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         server = LocalServer(
             EngineApi.real(device=args.device, dtype=args.dtype), settings, args.host, args.port
@@ -69,9 +110,18 @@ def serve_main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
         print(f"tinker-local serve: cannot start the engine: {exc}", file=sys.stderr)
         return 1
-    key = args.api_key or config.LOCAL_API_KEY
+    if keys:
+        key = "<one of your API keys>"
+        access = f"Accepting {len(settings.api_keys)} API key(s); each sees only its own work."
+    else:
+        key = config.LOCAL_API_KEY
+        access = (
+            "No API keys configured: only clients on this machine (loopback) are served; "
+            "start with --api-key to serve other machines."
+        )
     print(
         f"tinker-local serving at {server.base_url}\n"
+        f"{access}\n"
         "Point the official SDK (or any hosted-Tinker script) at it:\n"
         f"  export TINKER_BASE_URL={server.base_url}\n"
         f"  export TINKER_API_KEY={key}\n"

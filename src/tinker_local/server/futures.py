@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinker_local.server.access import current_owner
 from tinker_local.server.errors import error_category, error_message
 
 logger = logging.getLogger("tinker_local.server")
@@ -61,6 +62,7 @@ class FutureRecord:
     future: concurrent.futures.Future[WireResult]
     # The same result seen from the server's event loop, for long-polling without threads.
     waiter: asyncio.Future[WireResult]
+    owner: str = field(default_factory=current_owner)
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     retrieved_at: float | None = None

@@ -12,19 +12,20 @@ from pathlib import Path
 from typing import Literal
 
 from tinker_local import config
+from tinker_local.server.access import current_owner, run_owner_on_disk
 from tinker_local.server.errors import ApiError
 
 CheckpointKind = Literal["weights", "sampler_weights"]
 KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
 SCHEME = "tinker://"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 
 def check_name(name: str, what: str = "checkpoint name") -> str:
     """Reject names that could escape the folder or surprise a file system."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise ApiError(
             400,
             f"invalid {what} {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ - "
@@ -34,8 +35,8 @@ def check_name(name: str, what: str = "checkpoint name") -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID_RE.match(run_id) or run_id in (".", ".."):
-        raise ApiError(400, f"invalid run id {run_id!r} in tinker path")
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id) or run_id in (".", ".."):
+        raise ApiError(400, f"invalid run id {run_id!r} in checkpoint path")
     return run_id
 
 
@@ -72,9 +73,9 @@ def parse_uri(uri: str) -> CheckpointPath:
 
 
 def existing_checkpoint(uri: str, root: Path | None = None) -> tuple[CheckpointPath, Path]:
-    """Parse `uri` and require its folder to exist (404 otherwise)."""
+    """Parse `uri` and require its folder to exist and belong to the caller (404 otherwise)."""
     path = parse_uri(uri)
     directory = path.directory(root)
-    if not directory.is_dir():
+    if not directory.is_dir() or run_owner_on_disk(directory.parent.parent) != current_owner():
         raise ApiError(404, f"checkpoint {uri!r} not found (looked in {directory})")
     return path, directory

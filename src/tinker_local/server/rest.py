@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.server import paths
+from tinker_local.server.access import current_owner, run_owner_on_disk
 from tinker_local.server.errors import ApiError
 from tinker_local.server.service import Service
 
@@ -64,18 +65,29 @@ class _LiveRun:
 
 
 def _live_runs(svc: Service) -> dict[str, _LiveRun]:
-    """What the server knows about its live models, read on the event loop (the listing
-    itself runs in a thread and must not touch server state)."""
+    """What the server knows about the caller's live models, read on the event loop (the
+    listing itself runs in a thread and must not touch server state)."""
     live = {}
+    owner = current_owner()
     for model_id, model in svc.state.models.items():
+        if model.owner != owner:
+            continue
         info = model.ready.result() if model.ready.done() else None
         rank = (info or {}).get("lora_rank")
         live[model_id] = _LiveRun(model.base_model, rank, model.created_at, model.user_metadata)
     return live
 
 
-def _run_ids(root: Path, live: dict[str, _LiveRun]) -> list[str]:
-    on_disk = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+def _owned_on_disk(root: Path, run_id: str, owner: str) -> bool:
+    return (root / run_id).is_dir() and run_owner_on_disk(root / run_id) == owner
+
+
+def _run_ids(root: Path, live: dict[str, _LiveRun], owner: str) -> list[str]:
+    on_disk = (
+        {p.name for p in root.iterdir() if p.is_dir() and run_owner_on_disk(p) == owner}
+        if root.is_dir()
+        else set()
+    )
     return sorted(on_disk | set(live))
 
 
@@ -94,11 +106,12 @@ def _base_model_on_disk(svc: Service, root: Path, run_id: str) -> tuple[str, int
 
 
 def _training_run(
-    svc: Service, root: Path, run_id: str, live: dict[str, _LiveRun]
+    svc: Service, root: Path, run_id: str, live: dict[str, _LiveRun], owner: str
 ) -> dict[str, Any]:
     paths.check_run_id(run_id)
     model = live.get(run_id)
-    checkpoints = run_checkpoints(root, run_id)
+    owned = _owned_on_disk(root, run_id, owner)
+    checkpoints = run_checkpoints(root, run_id) if owned else []
     if model is None and not checkpoints:
         raise ApiError(404, f"unknown training run {run_id!r}")
     if model is not None:
@@ -134,15 +147,15 @@ def _cursor(offset: int, limit: int, total: int) -> dict[str, int]:
 
 async def get_training_run(svc: Service, run_id: str) -> dict[str, Any]:
     root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
-    return await asyncio.to_thread(_training_run, svc, root, run_id, live)
+    return await asyncio.to_thread(_training_run, svc, root, run_id, live, current_owner())
 
 
 async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str, Any]:
-    root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
+    root, live, owner = svc.settings.checkpoints_dir(), _live_runs(svc), current_owner()
 
     def work() -> dict[str, Any]:
-        ids = _run_ids(root, live)
-        page = [_training_run(svc, root, r, live) for r in ids[offset : offset + limit]]
+        ids = _run_ids(root, live, owner)
+        page = [_training_run(svc, root, r, live, owner) for r in ids[offset : offset + limit]]
         return {"training_runs": page, "cursor": _cursor(offset, limit, len(ids))}
 
     return await asyncio.to_thread(work)
@@ -150,17 +163,27 @@ async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str,
 
 async def list_run_checkpoints(svc: Service, run_id: str) -> dict[str, Any]:
     paths.check_run_id(run_id)
-    found = await asyncio.to_thread(run_checkpoints, svc.settings.checkpoints_dir(), run_id)
-    if not found and run_id not in svc.state.models:
+    root, live, owner = svc.settings.checkpoints_dir(), _live_runs(svc), current_owner()
+
+    def work() -> list[dict[str, Any]]:
+        return run_checkpoints(root, run_id) if _owned_on_disk(root, run_id, owner) else []
+
+    found = await asyncio.to_thread(work)
+    if not found and run_id not in live:
         raise ApiError(404, f"unknown training run {run_id!r}")
     return {"checkpoints": found}
 
 
 async def list_all_checkpoints(svc: Service, limit: int, offset: int) -> dict[str, Any]:
-    root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
+    root, live, owner = svc.settings.checkpoints_dir(), _live_runs(svc), current_owner()
 
     def work() -> dict[str, Any]:
-        found = [c for r in _run_ids(root, live) for c in run_checkpoints(root, r)]
+        found = [
+            c
+            for r in _run_ids(root, live, owner)
+            if _owned_on_disk(root, r, owner)
+            for c in run_checkpoints(root, r)
+        ]
         found.sort(key=lambda c: c["time"], reverse=True)
         return {
             "checkpoints": found[offset : offset + limit],
@@ -173,8 +196,9 @@ async def list_all_checkpoints(svc: Service, limit: int, offset: int) -> dict[st
 async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> None:
     kind, _, name = checkpoint_id.partition("/")
     target = paths.parse_uri(f"{paths.SCHEME}{run_id}/{kind}/{name}")
-    folder = target.directory(svc.settings.checkpoints_dir())
-    if not folder.is_dir():
+    root = svc.settings.checkpoints_dir()
+    folder = target.directory(root)
+    if not folder.is_dir() or not _owned_on_disk(root, run_id, current_owner()):
         raise ApiError(404, f"checkpoint {target.uri} not found")
     await asyncio.to_thread(shutil.rmtree, folder)
 

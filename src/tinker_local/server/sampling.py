@@ -8,7 +8,7 @@ from typing import Any
 
 from tinker import types
 
-from tinker_local.server import paths, wire
+from tinker_local.server import limits, paths, wire
 from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
 from tinker_local.server.service import Service
@@ -53,6 +53,8 @@ async def _create_sampler(
         )
     elif not req.base_model:
         raise ApiError(400, "create_sampling_session needs a model_path or a base_model")
+    else:
+        limits.check_base_model(svc, req.base_model)
 
     def job(engine: Any) -> Any:
         if adapter_dir is not None:
@@ -63,9 +65,10 @@ async def _create_sampler(
         base_model = await svc.call_engine(job)
     except Exception as exc:  # reported at once: a 5xx would be retried for minutes
         raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
-    sampler = Sampler(new_id, session_id, str(base_model), req.model_path)
+    session = svc.state.session(session_id, live=False)
+    sampler = Sampler(new_id, session_id, str(base_model), req.model_path, owner=session.owner)
     svc.state.samplers[new_id] = sampler
-    svc.state.session(session_id, live=False).sampler_ids.append(new_id)
+    session.sampler_ids.append(new_id)
     return sampler
 
 
@@ -95,12 +98,19 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
     for name, used in _UNSUPPORTED:
         if used(req):
             raise ApiError(400, f"sampling option {name} is not supported by tinker-local")
-    if req.num_samples < 1:
-        raise ApiError(400, f"num_samples must be >= 1, got {req.num_samples}")
+    if not 1 <= req.num_samples <= limits.MAX_NUM_SAMPLES:
+        raise ApiError(
+            400,
+            f"num_samples must be between 1 and {limits.MAX_NUM_SAMPLES}, got {req.num_samples}",
+        )
     if not prompt:
         raise ApiError(400, "the prompt is empty")
-    if req.topk_prompt_logprobs < 0:
-        raise ApiError(400, f"topk_prompt_logprobs must be >= 0, got {req.topk_prompt_logprobs}")
+    if not 0 <= req.topk_prompt_logprobs <= limits.MAX_TOPK_PROMPT_LOGPROBS:
+        raise ApiError(
+            400,
+            f"topk_prompt_logprobs must be between 0 and {limits.MAX_TOPK_PROMPT_LOGPROBS}, "
+            f"got {req.topk_prompt_logprobs}",
+        )
     last_n = req.prompt_logprobs_last_n
     if last_n is not None:
         if not req.prompt_logprobs:
@@ -122,6 +132,8 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         return known  # a retry of a sample we already have
     prompt = _prompt_tokens(req.prompt)
     _check_sample_request(req, prompt)
+    limits.check_sample_length(svc, len(prompt), req.sampling_params)
+    svc.check_queue("asample")
     engine_request = svc.api.sample_request(
         sampler_id=sampler.sampler_id,
         prompt=prompt,

@@ -31,6 +31,9 @@ from tinker_local.server.worker import EngineWorker
 
 logger = logging.getLogger("tinker_local.server")
 
+# How soon a client refused for a full queue (429) should try again.
+RETRY_AFTER_MS = 250
+
 # What /api/v1/client/config answers. Plain httpx rather than pyqwest: on loopback it is as
 # fast, and it is the transport every SDK call already falls back to. Compression is off:
 # zstd costs CPU and saves nothing on loopback (compressed bodies are still accepted).
@@ -59,8 +62,18 @@ class ServerSettings:
     session_timeout_s: float = 600.0
     # Where tinker:// paths live; None means config.checkpoints_dir().
     checkpoints_root: Path | None = None
-    # When set, requests must carry this X-API-Key.
-    api_key: str | None = None
+    # Accepted X-API-Key values; each is an owner (see access.py). Empty: loopback clients only.
+    api_keys: frozenset[str] = frozenset()
+    # Limits. Request bodies (a forward_backward chunk is at most a few MiB by default).
+    max_body_bytes: int = 64 * 1024 * 1024
+    # Tokens in one datum (training) or in prompt + max_tokens (sampling).
+    max_sequence_len: int = 32_768
+    # Distinct base models with a live training model or sampler at once.
+    max_base_models: int = 4
+    # Live training models (LoRA adapters) on one base model at once, over all owners.
+    max_adapters_per_base: int = 64
+    # Engine jobs waiting on the worker before new work is answered with 429.
+    max_queued_jobs: int = 256
 
     def client_config_answer(self) -> dict[str, Any]:
         return {**DEFAULT_CLIENT_CONFIG, **self.client_config}
@@ -86,6 +99,18 @@ class Service:
 
     def stop(self) -> None:
         self.worker.stop()
+
+    def check_queue(self, what: str) -> None:
+        """429 while the engine queue is full (the SDK backs off and sends it again)."""
+        queued = self.worker.queued()
+        limit = self.settings.max_queued_jobs
+        if queued >= limit:
+            raise ApiError(
+                429,
+                f"{what}: the tinker-local engine queue is full ({queued} jobs queued, limit "
+                f"{limit}); retry shortly",
+                headers={"retry-after-ms": str(RETRY_AFTER_MS)},
+            )
 
     # -- running things -----------------------------------------------------------------------
 
@@ -144,6 +169,13 @@ class Service:
         known = model.requests_by_seq.get(seq_id)
         if known is not None and (record := self.futures.get(known)) is not None:
             return record  # a retry of a request we already have
+        if seq_id < model.sequencer.next_seq_id or seq_id in model.sequencer.waiting():
+            raise ApiError(
+                400,
+                f"{kind}: seq_id {seq_id} for model {model.model_id} is out of order: requests up "
+                f"to seq_id {model.sequencer.next_seq_id - 1} were already accepted",
+            )
+        self.check_queue(kind)
         record = self.futures.create(kind)
         remember(model.requests_by_seq, seq_id, record.request_id)
         try:

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinker_local.server.access import check_owner, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord
 from tinker_local.server.sequencer import SeqSequencer
@@ -48,6 +49,7 @@ def remember(table: dict[int, Any], seq_id: int, value: Any) -> None:
 class Session:
     session_id: str
     user_metadata: dict[str, Any] | None = None
+    owner: str = field(default_factory=current_owner)
     created_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     finished: str | None = None  # the finish reason, once finished
@@ -66,6 +68,7 @@ class TrainingModel:
     # Resolved once the creation job ends: the GetInfoResponse body, or None if it failed.
     ready: asyncio.Future[dict[str, Any] | None]
     user_metadata: dict[str, Any] | None = None
+    owner: str = field(default_factory=current_owner)
     created_at: float = field(default_factory=time.time)
     # seq_id -> request_id, so a retried request gets the future of the first one.
     requests_by_seq: dict[int, str] = field(default_factory=dict)
@@ -79,6 +82,7 @@ class Sampler:
     session_id: str
     base_model: str
     model_path: str | None
+    owner: str = field(default_factory=current_owner)
     # seq_id -> asample answer, so a retried sample gets the future of the first one.
     answers_by_seq: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -100,6 +104,7 @@ class ServerState:
         session = self.sessions.get(session_id)
         if session is None:
             raise ApiError(404, f"unknown session_id {session_id!r} (did the server restart?)")
+        check_owner(session.owner, f"session_id {session_id!r}")
         if live and session.finished is not None:
             raise ApiError(410, f"session {session_id!r} has finished ({session.finished})")
         return session
@@ -108,10 +113,12 @@ class ServerState:
         model = self.models.get(model_id)
         if model is None:
             raise ApiError(404, f"unknown model_id {model_id!r}")
+        check_owner(model.owner, f"model_id {model_id!r}")
         return model
 
     def sampler(self, sampler_id_: str) -> Sampler:
         sampler = self.samplers.get(sampler_id_)
         if sampler is None:
             raise ApiError(404, f"unknown sampling_session_id {sampler_id_!r}")
+        check_owner(sampler.owner, f"sampling_session_id {sampler_id_!r}")
         return sampler

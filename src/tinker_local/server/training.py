@@ -12,7 +12,7 @@ from typing import Any
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from tinker_local.server import wire
+from tinker_local.server import limits, wire
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     PROTOBUF,
@@ -35,8 +35,10 @@ GET_INFO_WAIT_S = 50.0
 def _lora_spec(svc: Service, lora: types.LoraConfig | None) -> Any:
     if lora is None:
         return svc.api.lora_spec()
-    if lora.rank < 1:
-        raise ApiError(400, f"lora_config.rank must be >= 1, got {lora.rank}")
+    if not 1 <= lora.rank <= limits.MAX_LORA_RANK:
+        raise ApiError(
+            400, f"lora_config.rank must be between 1 and {limits.MAX_LORA_RANK}, got {lora.rank}"
+        )
     if not (lora.train_mlp or lora.train_attn or lora.train_unembed):
         raise ApiError(400, "lora_config must train at least one of mlp, attn, unembed")
     return svc.api.lora_spec(
@@ -81,6 +83,8 @@ def register_model(
     existing = svc.state.models.get(model_id)
     if existing is not None:
         return existing, False
+    limits.check_new_adapter(svc, base_model)
+    svc.check_queue(kind)
     model = TrainingModel(
         model_id=model_id,
         session_id=session.session_id,
@@ -89,6 +93,7 @@ def register_model(
         creation=svc.futures.create(kind),
         ready=asyncio.get_running_loop().create_future(),
         user_metadata=metadata,
+        owner=session.owner,
     )
     svc.state.models[model_id] = model
     session.model_ids.append(model_id)
@@ -164,11 +169,12 @@ def check_created(model: TrainingModel) -> None:
 
 
 def decode_forward_backward(
-    body: bytes, content_encoding: str | None
+    body: bytes, content_encoding: str | None, limit: int
 ) -> tuple[pb.ForwardBackwardRequest, list[types.Datum] | UserError]:
-    """Decompress and parse (ApiError if unreadable), then decode the datums; a bad datum is
-    returned as the UserError its future will carry. Runs off the event loop."""
-    msg = wire.parse_forward_backward(wire.decompress(body, content_encoding))
+    """Decompress (at most `limit` bytes) and parse (ApiError if unreadable), then decode the
+    datums; a bad datum is returned as the UserError its future will carry. Runs off the
+    event loop."""
+    msg = wire.parse_forward_backward(wire.decompress(body, content_encoding, limit))
     try:
         return msg, wire.datums_from_proto(msg)
     except UserError as exc:
@@ -190,6 +196,7 @@ def forward_backward(
             raise UserError("forward_backward needs at least one datum")
         if not loss_fn:
             raise UserError("forward_backward request has no loss_fn")
+        limits.check_datum_lengths(svc, data)
 
         def job(engine: Any) -> WireResult:
             check_created(model)

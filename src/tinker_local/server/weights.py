@@ -14,6 +14,7 @@ from typing import Any
 from tinker import types
 
 from tinker_local.server import paths
+from tinker_local.server.access import write_run_owner
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import FutureRecord, WireResult, json_result
 from tinker_local.server.service import Service
@@ -26,7 +27,7 @@ from tinker_local.server.training import (
 )
 
 
-def _save_into(directory: Path, overwrite: bool, write: Any) -> None:
+def _save_into(directory: Path, overwrite: bool, owner: str, write: Any) -> None:
     """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
     or interrupted save never leaves a half-written checkpoint under the real name."""
     if directory.exists() and not overwrite:
@@ -35,6 +36,7 @@ def _save_into(directory: Path, overwrite: bool, write: Any) -> None:
             "pass overwrite=True or choose another name"
         )
     directory.parent.mkdir(parents=True, exist_ok=True)
+    write_run_owner(directory.parent.parent, owner)
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         write(tmp)
@@ -60,6 +62,7 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
             _save_into(
                 directory,
                 req.overwrite,
+                model.owner,
                 lambda tmp: engine.save_state(model.model_id, tmp, with_optimizer=True),
             )
             return json_result({"type": "save_weights", "path": target.uri})
@@ -82,7 +85,10 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
             check_created(model)
             # No overwrite flag exists for sampler weights: a repeated name replaces the old one.
             _save_into(
-                directory, True, lambda tmp: engine.save_sampler_weights(model.model_id, tmp)
+                directory,
+                True,
+                model.owner,
+                lambda tmp: engine.save_sampler_weights(model.model_id, tmp),
             )
             return json_result({"type": "save_weights_for_sampler", "path": target.uri})
 
@@ -113,7 +119,9 @@ def _snapshot_sampler(
 
     def on_loop(base_model: Any) -> WireResult:
         session = svc.state.session(model.session_id, live=False)
-        svc.state.samplers[new_id] = Sampler(new_id, session.session_id, str(base_model), None)
+        svc.state.samplers[new_id] = Sampler(
+            new_id, session.session_id, str(base_model), None, owner=session.owner
+        )
         session.sampler_ids.append(new_id)
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
 
@@ -155,6 +163,15 @@ def load_weights(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
     return svc.submit_ordered(model, req.seq_id, "load_weights", prepare)
 
 
+def _checkpoint_base_model(svc: Service, directory: Path) -> str:
+    """The base model a checkpoint was trained on ('' when its metadata is unreadable; the
+    creation job then reports why)."""
+    try:
+        return str(svc.api.read_checkpoint_meta(directory).base_model)
+    except Exception:  # noqa: BLE001
+        return ""
+
+
 def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
     if req.session_id is None or req.model_seq_id is None:
         raise ApiError(400, "load_weights with session_id also needs model_seq_id")
@@ -164,7 +181,7 @@ def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> Futu
         svc,
         req.session_id,
         req.model_seq_id,
-        req.base_model or "",
+        req.base_model or _checkpoint_base_model(svc, directory),
         "load_weights",
         req.user_metadata,
     )

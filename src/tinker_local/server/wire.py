@@ -7,6 +7,7 @@ The layouts follow the SDK's own `proto/request_conv.py` and `proto/response_con
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -37,19 +38,22 @@ _STOP_REASON_TO_PROTO = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_L
 # -- forward_backward requests -------------------------------------------------------------------
 
 
-def decompress(body: bytes, content_encoding: str | None) -> bytes:
+def decompress(body: bytes, content_encoding: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, unpacked; never more than `limit` bytes are unpacked (zip bombs)."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding != "zstd":
         raise ApiError(415, f"unsupported Content-Encoding {content_encoding!r} (use zstd)")
     try:
-        reader = zstandard.ZstdDecompressor().decompressobj()
-        out = reader.decompress(body)
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
+            out = reader.read(limit + 1)
     except zstandard.ZstdError as exc:
         raise ApiError(400, f"request body is not valid zstd data: {exc}") from exc
-    if len(out) > MAX_BODY_BYTES:
-        raise ApiError(413, f"decompressed request body exceeds {MAX_BODY_BYTES} bytes")
+    if len(out) > limit:
+        raise ApiError(
+            413, f"decompressed request body exceeds this server's limit of {limit} bytes"
+        )
     return out
 
 

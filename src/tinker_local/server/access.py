@@ -1,0 +1,197 @@
+"""Who may call, and whose things a call may see.
+
+- With API keys configured, every request (except healthz) needs `X-API-Key` set to one of
+  them; otherwise 401. Without keys, only loopback clients are served (403 for others).
+- Each key is an *owner*. Sessions, models, samplers, futures and checkpoints belong to the
+  owner whose request made them; any other owner gets the same 404 as for an id that does not
+  exist. The owner is a short hash of the key, so the key itself is never written to disk.
+- Request bodies larger than `max_body_bytes` get a 413.
+
+The owner of the request being handled is kept in a context variable set by the middleware:
+state lookups read it with `current_owner()`, and background tasks spawned while handling the
+request inherit it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tinker_local.server.errors import ApiError
+
+LOCAL_OWNER = "local"
+OPEN_PATHS = frozenset({"/api/v1/healthz"})
+# Where a run's owner is written, inside the run's checkpoint folder.
+OWNER_FILE = ".owner"
+
+_owner: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_local_owner")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Asgi = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def owner_of_key(key: str) -> str:
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def current_owner() -> str:
+    return _owner.get(LOCAL_OWNER)
+
+
+def set_owner(owner: str) -> contextvars.Token[str]:
+    return _owner.set(owner)
+
+
+def check_owner(owner: str, what: str) -> None:
+    """404, exactly as for an unknown id, when the caller does not own the thing."""
+    if owner != current_owner():
+        raise ApiError(404, f"{what} not found")
+
+
+def read_keys_file(path: Path) -> list[str]:
+    """One key per line; blank lines and lines starting with '#' are skipped."""
+    keys = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keys.append(line)
+    return keys
+
+
+def check_keys(keys: Iterable[str]) -> frozenset[str]:
+    keys = frozenset(keys)
+    bad = [k for k in keys if not k.startswith("tml-") or len(k) < 8 or any(c.isspace() for c in k)]
+    if bad:
+        raise ValueError(
+            f"{len(bad)} API key(s) are invalid: keys must start with 'tml-' (the SDK refuses "
+            "other keys), be at least 8 characters and contain no spaces"
+        )
+    return keys
+
+
+# -- checkpoint run ownership, on disk ---------------------------------------------------------
+
+
+def write_run_owner(run_dir: Path, owner: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = run_dir / OWNER_FILE
+    if not marker.exists():
+        marker.write_text(owner)
+
+
+def run_owner_on_disk(run_dir: Path) -> str:
+    """The owner of a checkpoint run folder; folders from before ownership are local."""
+    try:
+        return (run_dir / OWNER_FILE).read_text().strip() or LOCAL_OWNER
+    except OSError:
+        return LOCAL_OWNER
+
+
+# -- middleware --------------------------------------------------------------------------------
+
+
+def _is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return True
+    return host.startswith("::ffff:127.")
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": message, "detail": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(ApiError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413,
+            f"request body is larger than this server's limit of {limit} bytes "
+            "(tinker-local serve --max-body-mb raises it)",
+        )
+
+
+class AccessMiddleware:
+    """Pure ASGI middleware: API key or loopback check, owner, body size limit."""
+
+    def __init__(
+        self, app: Asgi, *, keys: Callable[[], frozenset[str]], max_body_bytes: Callable[[], int]
+    ) -> None:
+        self.app = app
+        self._keys = keys
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        owner = self._owner(scope)
+        if isinstance(owner, ApiError):
+            await _refuse(send, owner.status, owner.message)
+            return
+        limit = self._max_body_bytes()
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _refuse(send, 413, BodyTooLarge(limit).message)
+            return
+        token = set_owner(owner)
+        try:
+            await self.app(scope, _limited(receive, limit), send)
+        finally:
+            _owner.reset(token)
+
+    def _owner(self, scope: Scope) -> str | ApiError:
+        keys = self._keys()
+        if not keys:
+            client = scope.get("client")
+            if _is_loopback(client[0] if client else None):
+                return LOCAL_OWNER
+            return ApiError(
+                403,
+                "this tinker-local server has no API keys configured, so it only serves "
+                "loopback clients (start it with --api-key or --api-keys-file)",
+            )
+        if scope.get("path") in OPEN_PATHS:
+            return LOCAL_OWNER
+        for name, value in scope.get("headers") or []:
+            if name == b"x-api-key":
+                key = value.decode("latin-1")
+                if key in keys:
+                    return owner_of_key(key)
+                return ApiError(401, "X-API-Key is not a key this tinker-local server accepts")
+        return ApiError(401, "this tinker-local server needs an X-API-Key header")
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive` that refuses (413) once more than `limit` body bytes arrived (for bodies that
+    come without a Content-Length, or lie about it)."""
+    seen = 0
+
+    async def wrapped() -> dict[str, Any]:
+        nonlocal seen
+        message = await receive()
+        if message.get("type") == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge(limit)
+        return message
+
+    return wrapped

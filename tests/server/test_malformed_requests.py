@@ -1,0 +1,755 @@
+"""Hundreds of malformed requests, sent with raw httpx to one running server.
+
+Every one must be refused with a 4xx whose JSON body names the problem, and the server must
+keep serving: a valid SDK training flow runs on the same server afterwards.
+
+Requests that were accepted into a training model's seq_id order but whose content is wrong
+(a bad datum, a bad checkpoint name) are the one exception the SDK protocol makes: their POST
+answers a request_id, and `retrieve_future` answers `{"error": ..., "category": "user"}`, which
+the SDK raises as RequestFailedError while the training client stays usable. Those are checked
+in `ORDERED_CASES`, through their future.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import zstandard
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+from tinker.proto.request_conv import forward_backward_request_to_proto
+
+from tinker_local.server.runner import LocalServer
+from tinker_local.server.service import ServerSettings
+
+MAX_BODY = 256 * 1024
+MAX_SEQ = 128
+PROTO = {"Content-Type": "application/x-protobuf"}
+
+
+@dataclass
+class Case:
+    name: str
+    method: str
+    path: str
+    expect: str  # a piece of the error message
+    status: tuple[int, ...] = (400,)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Ids:
+    session_id: str
+    model_id: str
+    sampler_id: str
+    checkpoint: str
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeServer]:
+    settings = ServerSettings(
+        checkpoints_root=tmp_path_factory.mktemp("ckpt"),
+        long_poll_s=2.0,
+        max_body_bytes=MAX_BODY,
+        max_sequence_len=MAX_SEQ,
+    )
+    engine = FakeEngine()
+    running = LocalServer(fake_engine_api(engine), settings).start()
+    yield FakeServer(running, engine)
+    running.stop()
+
+
+def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = http.post(path, json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _wait(http: httpx.Client, request_id: str) -> httpx.Response:
+    for _ in range(20):
+        answer = http.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        if answer.headers["content-type"].startswith("application/json"):
+            body = answer.json()
+            if body.get("type") == "try_again":
+                continue
+        return answer
+    raise AssertionError(f"{request_id} never finished")
+
+
+@pytest.fixture(scope="module")
+def ids(server: FakeServer) -> Ids:
+    """A session, a training model (seq_ids 1, 3, 4 used), a sampler and a checkpoint, made raw."""
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        session_id = _post(
+            http,
+            "/api/v1/create_session",
+            {"sdk_version": "0.38.0", "tags": [], "user_metadata": None},
+        )["session_id"]
+        created = _post(
+            http,
+            "/api/v1/create_model",
+            {"session_id": session_id, "model_seq_id": 0, "base_model": "fake/base"},
+        )
+        model_id = json.loads(_wait(http, created["request_id"]).content)["model_id"]
+        saved = _post(
+            http, "/api/v1/save_weights", {"model_id": model_id, "seq_id": 1, "path": "good"}
+        )
+        checkpoint = json.loads(_wait(http, saved["request_id"]).content)["path"]
+        sampler = _post(
+            http,
+            "/api/v1/create_sampling_session",
+            {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": "fake/base"},
+        )
+        for seq_id in (3, 4):  # seq_id 2 is skipped: it can only come too late now
+            step = {"model_id": model_id, "seq_id": seq_id, "adam_params": {}}
+            _wait(http, _post(http, "/api/v1/optim_step", step)["request_id"])
+    return Ids(session_id, model_id, sampler["sampling_session_id"], checkpoint)
+
+
+# -- the cases -----------------------------------------------------------------------------------
+
+JSON_ROUTES = {
+    "create_session": "create_session",
+    "session_heartbeat": "session_heartbeat",
+    "create_model": "create_model",
+    "get_info": "get_info",
+    "optim_step": "optim_step",
+    "save_weights": "save_weights",
+    "save_weights_for_sampler": "save_weights_for_sampler",
+    "load_weights": "load_weights",
+    "create_sampling_session": "create_sampling_session",
+    "asample": "asample",
+    "retrieve_future": "retrieve_future",
+}
+BROKEN_JSON = [b"{not json", b"\xff\xfe\x00\x01", b'{"a": ', b"{'single': 1}", b"{}}"]
+WRONG_TOP_LEVEL = [b"[]", b"null", b'"text"', b"123", b"true"]
+
+BAD_TINKER_PATHS = [
+    "tinker://../weights/x",
+    "tinker://run/weights/..",
+    "tinker://run/weights/../../../etc",
+    "tinker:///etc/passwd",
+    "tinker://run/weights/a/b",
+    "tinker://run/weights/with space",
+    "tinker://run/weights/semi;colon",
+    "tinker://run/weights/new\nline",
+    "tinker://run/elsewhere/x",
+    "tinker://run/weights/",
+    "/etc/passwd",
+    "file:///etc/passwd",
+    "http://example.com/x",
+    "tinker://" + "r" * 300 + "/weights/x",
+]
+
+
+def _json_cases() -> list[Case]:
+    cases = []
+    for route, what in JSON_ROUTES.items():
+        for i, body in enumerate(BROKEN_JSON):
+            cases.append(
+                Case(
+                    f"{route}-broken-json-{i}",
+                    "POST",
+                    f"/api/v1/{route}",
+                    "not valid JSON",
+                    kwargs={"content": body},
+                )
+            )
+        for i, body in enumerate(WRONG_TOP_LEVEL):
+            cases.append(
+                Case(
+                    f"{route}-top-level-{i}",
+                    "POST",
+                    f"/api/v1/{route}",
+                    f"invalid {what} request",
+                    kwargs={"content": body},
+                )
+            )
+    for i, body in enumerate(BROKEN_JSON + WRONG_TOP_LEVEL):
+        cases.append(
+            Case(
+                f"weights_info-{i}",
+                "POST",
+                "/api/v1/weights_info",
+                "tinker_path",
+                kwargs={"content": body},
+            )
+        )
+    return cases
+
+
+def _field_cases(ids: Ids) -> list[Case]:
+    model = {"session_id": ids.session_id, "model_seq_id": 7, "base_model": "fake/base"}
+    step = {"model_id": ids.model_id, "seq_id": 100, "adam_params": {"learning_rate": 0.1}}
+    sample = types.SampleRequest(
+        sampling_session_id=ids.sampler_id,
+        seq_id=1000,
+        num_samples=1,
+        prompt=types.ModelInput.from_ints([1, 2]),
+        sampling_params=types.SamplingParams(max_tokens=2),
+    ).model_dump(mode="json", exclude_none=True)
+
+    def edit(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+        out = copy.deepcopy(base)
+        target = out
+        *parents, last = path.split(".")
+        for key in parents:
+            target = target[key]
+        if value is _DELETE:
+            del target[last]
+        else:
+            target[last] = value
+        return out
+
+    table: list[tuple[str, dict[str, Any], str, str, tuple[int, ...]]] = [
+        # create_model
+        ("create_model", edit(model, "base_model", 123), "base_model", "", (400,)),
+        ("create_model", edit(model, "base_model", ""), "needs a base_model", "", (400,)),
+        ("create_model", edit(model, "model_seq_id", "abc"), "model_seq_id", "", (400,)),
+        ("create_model", edit(model, "session_id", None), "session_id", "", (400,)),
+        ("create_model", edit(model, "session_id", "nobody"), "unknown session_id", "", (404,)),
+        ("create_model", {**model, "lora_config": {"rank": "x"}}, "rank", "", (400,)),
+        ("create_model", {**model, "lora_config": {"rank": -1}}, "rank must be", "", (400,)),
+        ("create_model", {**model, "lora_config": {"rank": 0}}, "rank must be", "", (400,)),
+        ("create_model", {**model, "lora_config": {"rank": 10**9}}, "rank must be", "", (400,)),
+        (
+            "create_model",
+            {
+                **model,
+                "lora_config": {
+                    "rank": 4,
+                    "train_mlp": False,
+                    "train_attn": False,
+                    "train_unembed": False,
+                },
+            },
+            "at least one",
+            "",
+            (400,),
+        ),
+        ("create_model", {**model, "lora_config": [1, 2]}, "lora_config", "", (400,)),
+        # get_info
+        ("get_info", {"model_id": 5}, "model_id", "", (400,)),
+        ("get_info", {"model_id": "nobody:train:0"}, "unknown model_id", "", (404,)),
+        ("get_info", {}, "model_id", "", (400,)),
+        # optim_step
+        (
+            "optim_step",
+            edit(step, "adam_params.learning_rate", "fast"),
+            "learning_rate",
+            "",
+            (400,),
+        ),
+        ("optim_step", edit(step, "adam_params.beta1", [0.9]), "beta1", "", (400,)),
+        ("optim_step", edit(step, "seq_id", "x"), "seq_id", "", (400,)),
+        ("optim_step", edit(step, "seq_id", 0), "seq_id >= 1", "", (400,)),
+        ("optim_step", edit(step, "seq_id", -5), "seq_id >= 1", "", (400,)),
+        ("optim_step", edit(step, "seq_id", 2), "out of order", "", (400,)),
+        ("optim_step", edit(step, "model_id", []), "model_id", "", (400,)),
+        ("optim_step", edit(step, "model_id", "nobody:train:0"), "unknown model_id", "", (404,)),
+        ("optim_step", edit(step, "model_id", _DELETE), "model_id", "", (400,)),
+        # save / load
+        (
+            "save_weights",
+            {"model_id": "nobody:train:0", "seq_id": 9, "path": "x"},
+            "unknown model_id",
+            "",
+            (404,),
+        ),
+        (
+            "save_weights",
+            {"model_id": ids.model_id, "seq_id": "nine", "path": "x"},
+            "seq_id",
+            "",
+            (400,),
+        ),
+        (
+            "save_weights_for_sampler",
+            {"model_id": "nobody:train:0", "seq_id": 9},
+            "unknown model_id",
+            "",
+            (404,),
+        ),
+        (
+            "load_weights",
+            {"model_id": ids.model_id, "seq_id": 2, "path": ids.checkpoint, "optimizer": False},
+            "out of order",
+            "",
+            (400,),
+        ),
+        (
+            "load_weights",
+            {"path": ids.checkpoint, "optimizer": False},
+            "needs a model_id",
+            "",
+            (400,),
+        ),
+        (
+            "load_weights",
+            {"session_id": ids.session_id, "path": ids.checkpoint, "optimizer": True},
+            "needs model_seq_id",
+            "",
+            (400,),
+        ),
+        (
+            "load_weights",
+            {
+                "session_id": ids.session_id,
+                "model_seq_id": 20,
+                "path": ids.checkpoint.replace("/good", "/missing"),
+                "optimizer": True,
+            },
+            "not found",
+            "",
+            (404,),
+        ),
+        (
+            "load_weights",
+            {"session_id": "nobody", "model_seq_id": 20, "path": ids.checkpoint, "optimizer": True},
+            "unknown session_id",
+            "",
+            (404,),
+        ),
+        # sampling sessions
+        (
+            "create_sampling_session",
+            {"session_id": ids.session_id, "sampling_session_seq_id": 50},
+            "model_path or a base_model",
+            "",
+            (400,),
+        ),
+        (
+            "create_sampling_session",
+            {"session_id": "nobody", "sampling_session_seq_id": 0, "base_model": "fake/base"},
+            "unknown session_id",
+            "",
+            (404,),
+        ),
+        (
+            "create_sampling_session",
+            {
+                "session_id": ids.session_id,
+                "sampling_session_seq_id": "x",
+                "base_model": "fake/base",
+            },
+            "sampling_session_seq_id",
+            "",
+            (400,),
+        ),
+        # asample
+        (
+            "asample",
+            edit(sample, "sampling_session_id", "nobody:sample:0"),
+            "unknown sampling_session_id",
+            "",
+            (404,),
+        ),
+        ("asample", edit(sample, "num_samples", 0), "num_samples", "", (400,)),
+        ("asample", edit(sample, "num_samples", -1), "num_samples", "", (400,)),
+        ("asample", edit(sample, "num_samples", 10**6), "num_samples", "", (400,)),
+        ("asample", edit(sample, "num_samples", "many"), "num_samples", "", (400,)),
+        ("asample", edit(sample, "sampling_params.max_tokens", "x"), "max_tokens", "", (400,)),
+        (
+            "asample",
+            edit(sample, "sampling_params.max_tokens", 10**6),
+            "max_sequence_len",
+            "",
+            (400,),
+        ),
+        ("asample", edit(sample, "sampling_params.temperature", "hot"), "temperature", "", (400,)),
+        ("asample", edit(sample, "sampling_params", [1]), "sampling_params", "", (400,)),
+        ("asample", edit(sample, "prompt", {"chunks": "x"}), "prompt", "", (400,)),
+        (
+            "asample",
+            edit(sample, "prompt.chunks", [{"type": "encoded_text", "tokens": ["a"]}]),
+            "tokens",
+            "",
+            (400,),
+        ),
+        ("asample", edit(sample, "prompt.chunks", []), "prompt is empty", "", (400,)),
+        (
+            "asample",
+            edit(sample, "prompt.chunks", [{"type": "no_such_chunk"}]),
+            "prompt",
+            "",
+            (400,),
+        ),
+        (
+            "asample",
+            edit(
+                sample, "prompt.chunks", [{"type": "encoded_text", "tokens": [1] * (MAX_SEQ + 1)}]
+            ),
+            "max_sequence_len",
+            "",
+            (400,),
+        ),
+        ("asample", edit(sample, "topk_prompt_logprobs", -1), "topk_prompt_logprobs", "", (400,)),
+        (
+            "asample",
+            edit(sample, "topk_prompt_logprobs", 10**6),
+            "topk_prompt_logprobs",
+            "",
+            (400,),
+        ),
+        ("asample", edit(sample, "topk_sample_logprobs", 3), "not supported", "", (400,)),
+        ("asample", edit(sample, "prompt_logprobs_last_n", 1), "needs prompt_logprobs", "", (400,)),
+        ("asample", edit(sample, "seq_id", _DELETE), "seq_id", "", (400,)),
+        # sessions, futures
+        ("session_heartbeat", {"session_id": "nobody"}, "unknown session_id", "", (404,)),
+        ("session_heartbeat", {"session_id": 12}, "session_id", "", (400,)),
+        ("retrieve_future", {"request_id": "req-nope"}, "req-nope", "", (404,)),
+        ("retrieve_future", {"request_id": None}, "request_id", "", (400,)),
+        ("retrieve_future", {}, "request_id", "", (400,)),
+    ]
+    return [
+        Case(f"{route}-field-{i}", "POST", f"/api/v1/{route}", expect, status, {"json": body})
+        for i, (route, body, expect, _unused, status) in enumerate(table)
+    ]
+
+
+_DELETE = object()
+
+
+def _fb_body(
+    model_id: str, seq_id: int, data: list[types.Datum], loss_fn: str = "cross_entropy"
+) -> bytes:
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn),
+        model_id=model_id,
+        seq_id=seq_id,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def _datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": [t + 1 for t in tokens], "weights": [1.0] * len(tokens)},
+    )
+
+
+def _proto_cases(ids: Ids) -> list[Case]:
+    good = _fb_body(ids.model_id, 500, [_datum([1, 2, 3])])
+    bomb = zstandard.ZstdCompressor().compress(b"\x00" * (MAX_BODY * 4))
+    bodies: list[tuple[str, bytes, dict[str, str], str, tuple[int, ...]]] = [
+        ("garbage", b"\xff\xfe garbage \x00", PROTO, "ForwardBackwardRequest", (400,)),
+        ("json-as-proto", b'{"model_id": "x"}', PROTO, "ForwardBackwardRequest", (400,)),
+        ("truncated", good[: len(good) // 2], PROTO, "ForwardBackwardRequest", (400,)),
+        ("empty", b"", PROTO, "no model_id", (400,)),
+        ("no-seq-id", _fb_body(ids.model_id, 0, [_datum([1])]), PROTO, "seq_id >= 1", (400,)),
+        (
+            "unknown-model",
+            _fb_body("nobody:train:0", 5, [_datum([1])]),
+            PROTO,
+            "unknown model_id",
+            (404,),
+        ),
+        ("old-seq-id", _fb_body(ids.model_id, 2, [_datum([1])]), PROTO, "out of order", (400,)),
+        ("gzip", good, {**PROTO, "Content-Encoding": "gzip"}, "Content-Encoding", (415,)),
+        ("bad-zstd", b"not zstd at all", {**PROTO, "Content-Encoding": "zstd"}, "zstd", (400,)),
+        ("zstd-bomb", bomb, {**PROTO, "Content-Encoding": "zstd"}, "limit", (413,)),
+        ("too-big", b"\x00" * (MAX_BODY + 1), PROTO, "limit", (413,)),
+    ]
+    for i in range(10):  # random bytes that are not a valid message
+        noise = np.random.default_rng(i).integers(0, 256, 64 + 37 * i, dtype=np.uint8).tobytes()
+        bodies.append(
+            (
+                f"noise-{i}",
+                b"\x0a\xff\xff\xff\xff\x0f" + noise,
+                PROTO,
+                "ForwardBackwardRequest",
+                (400,),
+            )
+        )
+    return [
+        Case(
+            f"forward_backward-{name}",
+            "POST",
+            "/api/v1/forward_backward",
+            expect,
+            status,
+            {"content": body, "headers": headers},
+        )
+        for name, body, headers, expect, status in bodies
+    ]
+
+
+def _rest_cases(ids: Ids) -> list[Case]:
+    cases = []
+    for i, uri in enumerate(BAD_TINKER_PATHS):
+        cases.append(
+            Case(
+                f"weights_info-path-{i}",
+                "POST",
+                "/api/v1/weights_info",
+                "",
+                kwargs={"json": {"tinker_path": uri}},
+            )
+        )
+        cases.append(
+            Case(
+                f"load-path-{i}",
+                "POST",
+                "/api/v1/load_weights",
+                "",
+                kwargs={
+                    "json": {"session_id": ids.session_id, "model_seq_id": 30 + i, "path": uri}
+                },
+            )
+        )
+        cases.append(
+            Case(
+                f"sampler-path-{i}",
+                "POST",
+                "/api/v1/create_sampling_session",
+                "",
+                kwargs={
+                    "json": {
+                        "session_id": ids.session_id,
+                        "sampling_session_seq_id": 30 + i,
+                        "model_path": uri,
+                    }
+                },
+            )
+        )
+    run = ids.model_id
+    cases += [
+        Case(
+            "run-unknown",
+            "GET",
+            "/api/v1/training_runs/nobody:train:0",
+            "unknown training run",
+            (404,),
+        ),
+        Case("run-bad-id", "GET", "/api/v1/training_runs/bad%20id", "invalid run id"),
+        Case(
+            "run-checkpoints-unknown",
+            "GET",
+            "/api/v1/training_runs/nobody:train:0/checkpoints",
+            "unknown training run",
+            (404,),
+        ),
+        Case(
+            "delete-unknown",
+            "DELETE",
+            f"/api/v1/training_runs/{run}/checkpoints/weights/nope",
+            "not found",
+            (404,),
+        ),
+        Case(
+            "delete-escape",
+            "DELETE",
+            f"/api/v1/training_runs/{run}/checkpoints/weights/..%2F..%2Fx",
+            "checkpoint",
+        ),
+        Case(
+            "delete-bad-kind",
+            "DELETE",
+            f"/api/v1/training_runs/{run}/checkpoints/other/x",
+            "kind must be",
+        ),
+        Case("runs-limit-type", "GET", "/api/v1/training_runs?limit=abc", "limit"),
+        Case("runs-limit-negative", "GET", "/api/v1/training_runs?limit=-1", "limit"),
+        Case("runs-offset-negative", "GET", "/api/v1/training_runs?offset=-5", "offset"),
+        Case("checkpoints-limit", "GET", "/api/v1/checkpoints?limit=0", "limit"),
+        Case("checkpoints-limit-huge", "GET", "/api/v1/checkpoints?limit=99999999", "limit"),
+        Case(
+            "sampler-unknown",
+            "GET",
+            "/api/v1/samplers/nobody:sample:0",
+            "unknown sampling_session_id",
+            (404,),
+        ),
+        Case(
+            "finish-unknown",
+            "POST",
+            "/api/v1/sessions/nobody/finish",
+            "unknown session_id",
+            (404,),
+            {"content": b"{broken"},
+        ),
+        Case("no-such-route", "POST", "/api/v1/no_such_call", "Not Found", (404,), {"json": {}}),
+        Case("wrong-method", "GET", "/api/v1/create_model", "Method Not Allowed", (405,)),
+        Case(
+            "huge-json",
+            "POST",
+            "/api/v1/create_session",
+            "limit",
+            (413,),
+            {"content": b'{"user_metadata": {"x": "' + b"a" * MAX_BODY + b'"}}'},
+        ),
+        Case(
+            "huge-metadata-chunked",
+            "POST",
+            "/api/v1/create_model",
+            "limit",
+            (413,),
+            {"content": iter([b'{"base_model": "', b"a" * (MAX_BODY // 2)] * 3)},
+        ),
+    ]
+    return cases
+
+
+# -- requests accepted in seq_id order whose content is wrong: refused through the future -------
+
+
+def _ordered_cases(ids: Ids, first_seq_id: int) -> list[tuple[str, dict[str, Any], str]]:
+    """(route, request kwargs, expected message) with seq_ids from first_seq_id, in order."""
+    model = ids.model_id
+    shapes: list[tuple[types.Datum, str]] = [
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints([1, 2]),
+                loss_fn_inputs={"target_tokens": [1, 2, 3], "weights": [1.0, 1.0]},
+            ),
+            "target_tokens",
+        ),
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints([1, 2]),
+                loss_fn_inputs={"weights": [1.0, 1.0]},
+            ),
+            "target_tokens",
+        ),
+        (_datum([1] * (MAX_SEQ + 1)), "max_sequence_len"),
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints([1, 2]),
+                loss_fn_inputs={"target_tokens": [1, 99999], "weights": [1.0, 1.0]},
+            ),
+            "datum 1",
+        ),
+    ]
+    cases: list[tuple[str, dict[str, Any], str]] = []
+    seq = first_seq_id
+    for datum, expect in shapes:
+        body = _fb_body(model, seq, [_datum([1]), datum])
+        cases.append(("forward_backward", {"content": body, "headers": PROTO}, expect))
+        seq += 1
+    cases.append(
+        (
+            "forward_backward",
+            {"content": _fb_body(model, seq, [_datum([1])], loss_fn="nope"), "headers": PROTO},
+            "loss_fn",
+        )
+    )
+    seq += 1
+    cases.append(
+        (
+            "forward_backward",
+            {"content": _fb_body(model, seq, []), "headers": PROTO},
+            "at least one datum",
+        )
+    )
+    seq += 1
+    # A datum whose int32 token buffer has a stray byte.
+    msg = pb.ForwardBackwardRequest()
+    msg.ParseFromString(_fb_body(model, seq, [_datum([1, 2])]))
+    msg.data[0].model_input[0].encoded_text.tokens += b"\x01"
+    cases.append(
+        ("forward_backward", {"content": msg.SerializeToString(), "headers": PROTO}, "datum 0")
+    )
+    seq += 1
+    for name in ("../escape", "/abs/path", "a/b", "..", "sp ace", "nl\n", "x" * 300, ""):
+        cases.append(
+            (
+                "save_weights",
+                {"json": {"model_id": model, "seq_id": seq, "path": name}},
+                "checkpoint name",
+            )
+        )
+        seq += 1
+        cases.append(
+            (
+                "save_weights_for_sampler",
+                {"json": {"model_id": model, "seq_id": seq, "path": name}},
+                "checkpoint name",
+            )
+        )
+        seq += 1
+    cases.append(
+        (
+            "save_weights",
+            {"json": {"model_id": model, "seq_id": seq, "path": "good"}},
+            "already exists",
+        )
+    )
+    seq += 1
+    for uri in BAD_TINKER_PATHS[:6]:
+        cases.append(
+            (
+                "load_weights",
+                {"json": {"model_id": model, "seq_id": seq, "path": uri, "optimizer": False}},
+                "checkpoint",
+            )
+        )
+        seq += 1
+    return cases
+
+
+# -- the test -----------------------------------------------------------------------------------
+
+
+def test_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
+    server: FakeServer, ids: Ids, tmp_path: Path
+) -> None:
+    cases = _json_cases() + _field_cases(ids) + _proto_cases(ids) + _rest_cases(ids)
+    failures = []
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        for case in cases:
+            answer = http.request(case.method, case.path, **case.kwargs)
+            try:
+                message = answer.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                failures.append(f"{case.name}: {answer.status_code} without a JSON error body")
+                continue
+            if answer.status_code not in case.status or case.expect not in message:
+                failures.append(f"{case.name}: {answer.status_code} {message!r}")
+            elif case.status == (400,) and case.expect == "" and len(message) < 10:
+                failures.append(f"{case.name}: message too vague: {message!r}")
+
+        ordered = _ordered_cases(ids, first_seq_id=5)
+        for route, kwargs, expect in ordered:
+            posted = http.post(f"/api/v1/{route}", **kwargs)
+            if posted.status_code != 200:
+                message = posted.json().get("error", "")
+                if not (400 <= posted.status_code < 500 and expect in message):
+                    failures.append(f"ordered {route}: {posted.status_code} {message!r}")
+                continue
+            result = json.loads(_wait(http, posted.json()["request_id"]).content)
+            if result.get("category") != "user" or expect not in result.get("error", ""):
+                failures.append(f"ordered {route}: {result!r}")
+    assert not failures, f"{len(failures)} of {len(cases) + len(ordered)}:\n" + "\n".join(failures)
+    assert len(cases) + len(ordered) >= 200
+
+    # A duplicate seq_id is a retry, not an error: it gets the first request's future.
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        step = {"model_id": ids.model_id, "seq_id": 3, "adam_params": {}}
+        again = _post(http, "/api/v1/optim_step", step)
+        assert again["request_id"] == _post(http, "/api/v1/optim_step", step)["request_id"]
+
+    # The server still works: a valid SDK flow, on the same raw-abused model too.
+    service = server.client()
+    trainer = service.create_lora_training_client("fake/base", rank=4).result()
+    fb = trainer.forward_backward([_datum([1, 2, 3])], "cross_entropy").result()
+    assert fb.metrics["loss:sum"] > 0
+    assert trainer.optim_step(types.AdamParams(learning_rate=0.1)).result().metrics
+    path = trainer.save_state("after").result().path
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert resumed.forward([_datum([1])], "cross_entropy").result().loss_fn_outputs
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    out = sampler.sample(types.ModelInput.from_ints([1, 2]), 2, types.SamplingParams(max_tokens=3))
+    assert len(out.result().sequences) == 2
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        step = {"model_id": ids.model_id, "seq_id": 10_000, "adam_params": {}}
+        result = _wait(http, _post(http, "/api/v1/optim_step", step)["request_id"])
+        assert "metrics" in result.json()
