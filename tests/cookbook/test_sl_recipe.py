@@ -136,13 +136,6 @@ def test_rest_client_lists_the_runs_checkpoints(sl_run: SLRun):
     assert paths == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server gap: create_model's user_metadata is not kept, so GET "
-    "/api/v1/training_runs/{id} answers user_metadata=None (the cookbook then logs 'Checkpoint "
-    "... has no renderer metadata' on resume, and a recipe started from a checkpoint without "
-    "renderer_name falls back to model_info, which does not know SmolLM2)",
-)
 def test_training_run_keeps_the_renderer_name(sl_run: SLRun):
     """The cookbook stores `renderer_name` in the training run's user_metadata and reads it
     back when a run resumes or starts from a checkpoint without an explicit renderer."""
