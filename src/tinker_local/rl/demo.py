@@ -38,7 +38,7 @@ def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) ->
         temperature=1.0,
         top_k=50,
         learning_rate=learning_rate,
-        eval_every=10,
+        eval_every=20,  # a 200-problem greedy evaluation costs several training steps
         save_every=10,
         eval_transcripts=200,
     )

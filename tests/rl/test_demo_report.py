@@ -1,0 +1,44 @@
+import json
+
+from tinker_local.rl.demo import demo_config, report
+from tinker_local.rl.train import TrainResult
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _eval_row(step, question, answer):
+    obs = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    turn = {"observation": obs, "action": answer + "<|im_end|>", "reward": 0.0}
+    return {"step": step, "kind": "eval", "reward": 0.0, "turns": [turn]}
+
+
+def test_report_shows_accuracy_intervals_and_answers_before_after(tmp_path):
+    _write(
+        tmp_path / "metrics.jsonl",
+        [
+            {"step": 0, "eval/correct": 0.095, "eval/n": 200.0},
+            {"step": 0, "reward/mean": 0.1},
+            {"step": 40, "eval/correct": 0.72, "eval/n": 200.0},
+        ],
+    )
+    _write(
+        tmp_path / "transcripts.jsonl",
+        [
+            _eval_row(0, "What is 23 + 58?", "To add 23 and 58, we"),
+            _eval_row(40, "What is 23 + 58?", "81"),
+        ],
+    )
+    text = report(TrainResult(40, str(tmp_path), None, None, {}), 540.0)
+    assert "9.0 min" in text
+    assert "step   0:   9.5%" in text and "step  40:  72.0%" in text
+    assert "[" in text.splitlines()[2]  # the 80% Jeffreys interval
+    assert "'What is 23 + 58?': 'To add 23 and 58, we' -> '81'" in text
+
+
+def test_demo_recipe_matches_the_measured_hand_rolled_loop(tmp_path):
+    cfg = demo_config(str(tmp_path), steps=40, seed=1, learning_rate=5e-4)
+    assert (cfg.lora_rank, cfg.batch_size, cfg.group_size, cfg.max_tokens) == (16, 8, 8, 32)
+    assert (cfg.temperature, cfg.top_k, cfg.learning_rate) == (1.0, 50, 5e-4)
+    assert cfg.normalize_advantages_by_std and cfg.seed == 1
