@@ -131,8 +131,12 @@ def _run_generate(base, prompts, samples, new_tokens):
     with torch.inference_mode():
         out = base.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
         new = out.sequences[:, width:]
-        scores = torch.stack(out.scores, dim=1).float()
-        logprobs = torch.log_softmax(scores, dim=-1).gather(2, new[:, :, None])[:, :, 0]
+        # One step at a time: stacking every step's scores would double generate's own
+        # [steps x rows x vocab] buffer of scores.
+        logprobs = torch.stack([
+            torch.log_softmax(step.float(), dim=-1).gather(1, new[:, i, None])[:, 0]
+            for i, step in enumerate(out.scores)
+        ], dim=1)
     return list(zip(new.tolist(), logprobs.tolist(), strict=True))
 
 
@@ -186,8 +190,13 @@ def measure(case: Case, engine: str, timeout: float) -> dict:
         return {"case": case.name, "engine": engine, "error": f"timed out after {timeout:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"case": case.name, "engine": engine, "error": " | ".join(tail)}
+        if proc.returncode < 0:  # killed by a signal: SIGKILL here is the kernel's OOM killer
+            reason = f"killed by signal {-proc.returncode} (SIGKILL = out of memory)"
+        else:
+            tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines()
+                    if "it/s]" not in ln][-3:]
+            reason = f"exit {proc.returncode}: " + " | ".join(tail)
+        return {"case": case.name, "engine": engine, "error": reason}
     return json.loads(lines[-1])
 
 
@@ -247,6 +256,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the runs already in --out for (case, engine) pairs not re-run")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -262,12 +273,21 @@ def main() -> None:
                 shown = (f"{result['tok_per_s']:.1f} tok/s" if "tok_per_s" in result
                          else result["error"])
                 print(f"[{name} #{repeat + 1}] {engine}: {shown}", flush=True)
+    if args.merge and args.out.exists():
+        redone = {(r["case"], r["engine"]) for r in runs}
+        old = json.loads(args.out.read_text())["runs"]
+        runs = [r for r in old if (r["case"], r["engine"]) not in redone] + runs
+        order = list(CASES)
+        runs.sort(key=lambda r: order.index(r["case"]))
     rows = summarise(runs)
     print()
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    cases = list(dict.fromkeys(r["case"] for r in runs))
     meta = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
-            "load_average": os.getloadavg(), "cases": {n: vars(CASES[n]) for n in args.cases}}
+            "load_average_at_end": os.getloadavg(), "cases": {n: vars(CASES[n]) for n in cases},
+            "note": "shared 2-core CPU under load from other processes: see each run's "
+                    "load_average; compare engines within a case, not across sessions"}
     args.out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2))
     print(f"\nwrote {args.out}")
 

@@ -341,6 +341,25 @@ def test_prompt_logprobs_match_teacher_forcing(model, sampler):
             assert torch.allclose(torch.tensor([v for _, v in topk[i]]), vals, atol=TOL)
 
 
+def test_topk_sample_logprobs_follow_the_sampling_distribution(model, sampler):
+    reqs = [
+        GenRequest(prompt_of(5), params(seed=1, max_tokens=6, temperature=0.7),
+                   adapter_name="first", topk_sample_logprobs=4),
+        GenRequest(prompt_of(9), params(seed=2, max_tokens=9)),  # asks for none
+    ]
+    with_top, without = sampler.generate(reqs)
+    assert without.sequences[0].topk_logprobs is None
+    seq = with_top.sequences[0]
+    logp = torch.log_softmax(
+        teacher_logits(model, reqs[0].prompt, seq.tokens, "first") / 0.7, dim=-1
+    )
+    assert len(seq.topk_logprobs) == len(seq.tokens)
+    for step, top in enumerate(seq.topk_logprobs):
+        vals, idx = logp[step].topk(4)
+        assert [t for t, _ in top] == idx.tolist()
+        assert torch.allclose(torch.tensor([v for _, v in top]), vals, atol=TOL)
+
+
 # -- continuous batching --------------------------------------------------------------------
 
 
@@ -431,6 +450,7 @@ def test_training_mode_is_restored(model, sampler):
         ({"num_samples": 0}, "num_samples"),
         ({"adapter_name": "missing"}, "adapter_name"),
         ({"topk_prompt_logprobs": -1}, "topk_prompt_logprobs"),
+        ({"topk_sample_logprobs": VOCAB + 1}, "topk_sample_logprobs"),
     ],
 )
 def test_bad_requests_raise_sampling_error(sampler, request_kwargs, field):

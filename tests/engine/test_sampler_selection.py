@@ -11,7 +11,8 @@ def _draw(logits: torch.Tensor, n: int, temperature=1.0, top_k=0, top_p=1.0) -> 
     rows = logits.expand(n, -1).contiguous()
     gens = [torch.Generator().manual_seed(i) for i in range(n)]
     ctl = RowControls.build([temperature] * n, [top_k] * n, [top_p] * n, gens, torch.device("cpu"))
-    tokens, logprobs = select_tokens(rows, ctl)
+    selection = select_tokens(rows, ctl)
+    tokens, logprobs = selection.tokens, selection.logprobs
     expected = torch.log_softmax(logits[0] / (temperature or 1.0), -1)[tokens]
     assert torch.allclose(logprobs, expected, atol=1e-5)
     return tokens
@@ -53,6 +54,8 @@ def test_greedy_rows_mixed_with_sampled_rows():
     logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     ctl = RowControls.build([0.0, 1.0], [0, 0], [1.0, 1.0], gens, torch.device("cpu"))
-    tokens, logprobs = select_tokens(logits, ctl)
+    selection = select_tokens(logits, ctl, top_k=2)
+    tokens, logprobs = selection.tokens, selection.logprobs
     assert tokens[0].item() == 1
+    assert selection.top_ids is not None and selection.top_ids.tolist() == [[1, 2], [1, 2]]
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])

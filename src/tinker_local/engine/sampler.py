@@ -17,7 +17,8 @@ Semantics (the hosted Tinker service's):
   the token was drawn from before truncation: softmax(logits / T) at temperature T > 0, the
   model's own softmax(logits) for greedy (T = 0). At T = 1 this equals a teacher-forced forward
   pass on the same tokens. top_k / top_p restrict which tokens can be drawn, not the reported
-  logprobs.
+  logprobs. `GenRequest.topk_sample_logprobs` = k adds the k most likely tokens of that same
+  distribution at every generated position (`SampledSequence.topk_logprobs`).
 - stop=None stops at the EOS ids; stop=[] never stops early; a list of token ids or of strings
   (or one string) stops at those and at EOS. The token that triggers a stop is the last token of
   the output (a stop string's text is thus included). stop_reason is "stop" then, "length" when

@@ -13,7 +13,7 @@ import torch
 
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.runner import ModelRunner
-from tinker_local.engine.sampling.selection import RowControls, select_tokens
+from tinker_local.engine.sampling.selection import RowControls, Selection, select_tokens
 from tinker_local.engine.sampling.stops import (
     StringStopMatcher,
     hits_token_stop,
@@ -35,8 +35,11 @@ class Row:
     stop_ids: frozenset[int]
     matcher: StringStopMatcher | None
     adapter: str | None
+    top_k: int = 0  # top-k logprobs to keep at each generated position
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
     stop_reason: str | None = None  # "stop" | "length" once finished
 
     def record(self, token: int, logprob: float, hit_stop_id: bool) -> bool:
@@ -117,12 +120,14 @@ class DecodeBatch:
         self.cache.write_col += 1
         self.next_pos += 1
         self.steps += 1
-        tokens, logprobs = select_tokens(logits, self.controls)
+        selection = select_tokens(logits, self.controls, max(r.top_k for r in self.rows))
+        record_top(self.rows, selection)
+        tokens = selection.tokens
         hits = hits_token_stop(self.stop_table, tokens).tolist()
         finished: list[Row] = []
         keep: list[int] = []
         for i, (row, tok, lp, hit) in enumerate(
-            zip(self.rows, tokens.tolist(), logprobs.tolist(), hits, strict=True)
+            zip(self.rows, tokens.tolist(), selection.logprobs.tolist(), hits, strict=True)
         ):
             if row.record(tok, lp, hit):
                 finished.append(row)
@@ -174,8 +179,19 @@ class DecodeBatch:
         col = self.cache.write_col
         shift = _leading_padding(self.valid[:, :col])
         width = col - shift + self._headroom(self.rows, self.cache)
-        self.cache.relayout(torch.arange(len(self.rows)), width, shift)
+        self.cache.relayout(torch.arange(len(self.rows), device=self.valid.device), width, shift)
         self.valid = _pad_left(self.valid[:, shift:col], col - shift, width)
+
+
+def record_top(rows: list[Row], selection: Selection) -> None:
+    """Store each row's own top-k of this step (rows that asked for none store nothing)."""
+    if selection.top_ids is None or selection.top_logprobs is None:
+        return
+    ids, lps = selection.top_ids.tolist(), selection.top_logprobs.tolist()
+    for row, row_ids, row_lps in zip(rows, ids, lps, strict=True):
+        if row.top_k:
+            row.top_ids.append(row_ids[: row.top_k])
+            row.top_logprobs.append(row_lps[: row.top_k])
 
 
 def _leading_padding(valid: torch.Tensor) -> int:

@@ -26,7 +26,8 @@ class GenRequest:
 
     adapter_name None samples the bare base model. `prompt_logprobs` asks for the logprob of
     every prompt token given the tokens before it (the first is None); `topk_prompt_logprobs`
-    for the k most likely tokens at every prompt position.
+    for the k most likely tokens at every prompt position; `topk_sample_logprobs` for the k
+    most likely tokens at every generated position (the SDK's `SampledSequence.topk_logprobs`).
     """
 
     prompt: list[int]
@@ -35,6 +36,7 @@ class GenRequest:
     adapter_name: str | None = None
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class ValidRequest:
     stop: StopSpec
     prompt_logprobs: bool
     topk_prompt_logprobs: int
+    topk_sample_logprobs: int
 
 
 def validate_request(
@@ -91,11 +94,10 @@ def validate_request(
         raise SamplingError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
     if p.seed is not None and (not isinstance(p.seed, int) or p.seed < 0):
         raise SamplingError(f"sampling_params.seed must be a non-negative integer, got {p.seed!r}")
-    if req.topk_prompt_logprobs < 0 or req.topk_prompt_logprobs > limits.vocab_size:
-        raise SamplingError(
-            f"topk_prompt_logprobs must be in [0, {limits.vocab_size}], "
-            f"got {req.topk_prompt_logprobs}"
-        )
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+        k = getattr(req, name)
+        if not isinstance(k, int) or not 0 <= k <= limits.vocab_size:
+            raise SamplingError(f"{name} must be in [0, {limits.vocab_size}], got {k!r}")
     return ValidRequest(
         prompt=prompt,
         num_samples=req.num_samples,
@@ -108,6 +110,7 @@ def validate_request(
         stop=parse_stop(p.stop, eos_token_ids, limits.vocab_size),
         prompt_logprobs=bool(req.prompt_logprobs),
         topk_prompt_logprobs=int(req.topk_prompt_logprobs),
+        topk_sample_logprobs=int(req.topk_sample_logprobs),
     )
 
 

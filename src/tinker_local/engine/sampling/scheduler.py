@@ -18,7 +18,7 @@ import torch
 from tinker import types
 from tinker.types.topk_logprobs import TopkLogprobs
 
-from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row
+from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row, record_top
 from tinker_local.engine.sampling.params import ValidRequest
 from tinker_local.engine.sampling.prefill import (
     PrefillGroup,
@@ -119,7 +119,11 @@ class Scheduler:
                 source.append(index[s.key])
         src = torch.tensor(source, device=group.last_logits.device)
         controls = _controls(rows, states, group.last_logits.device)
-        tokens, logprobs = select_tokens(group.last_logits.index_select(0, src), controls)
+        selection = select_tokens(
+            group.last_logits.index_select(0, src), controls, max(r.top_k for r in rows)
+        )
+        record_top(rows, selection)
+        tokens, logprobs = selection.tokens, selection.logprobs
         done: list[RequestState] = []
         alive: list[int] = []
         for i, (row, tok, lp) in enumerate(
@@ -162,6 +166,7 @@ class Scheduler:
             stop_ids=r.stop.token_ids,
             matcher=matcher,
             adapter=r.adapter,
+            top_k=r.topk_sample_logprobs,
         )
 
 
@@ -186,6 +191,17 @@ def row_generator(seed: int, sample_index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state) & (2**63 - 1))
 
 
+def _topk(row: Row) -> TopkLogprobs | None:
+    if not row.top_k:
+        return None
+    return TopkLogprobs(
+        token_ids=np.asarray(row.top_ids, dtype=np.int32).reshape(len(row.tokens), row.top_k),
+        logprobs=np.asarray(row.top_logprobs, dtype=np.float32).reshape(
+            len(row.tokens), row.top_k
+        ),
+    )
+
+
 def _response(state: RequestState) -> types.SampleResponse:
     r = state.request
     sequences = []
@@ -197,6 +213,7 @@ def _response(state: RequestState) -> types.SampleResponse:
                 sequence_id=f"seq-{uuid.uuid4().hex}",
                 tokens_np=np.asarray(row.tokens, dtype=np.int32),
                 logprobs_np=np.asarray(row.logprobs, dtype=np.float32),
+                topk_logprobs_np=_topk(row),
             )
         )
     scores = state.scores

@@ -1,6 +1,7 @@
 """Choosing the next token for every row of a batch, and its logprob.
 
-Semantics (matching the hosted Tinker service):
+Semantics (matching the hosted Tinker service; the top-k logprobs of generated positions use
+the same distribution as the sampled token's logprob):
 - temperature T > 0: sample from softmax(logits / T) after top-k, then top-p truncation (top-p
   on the top-k-renormalised distribution, the order vLLM uses). The reported logprob is
   log softmax(logits / T)[token]: the *tempered* distribution, not truncated by top-k/top-p.
@@ -74,8 +75,17 @@ class RowControls:
         )
 
 
-def select_tokens(logits: torch.Tensor, ctl: RowControls) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [B, V] float32. Returns (tokens [B] int64, logprobs [B] float32)."""
+@dataclass
+class Selection:
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32
+    top_ids: torch.Tensor | None = None  # [B, k] int64, most likely first
+    top_logprobs: torch.Tensor | None = None  # [B, k] float32
+
+
+def select_tokens(logits: torch.Tensor, ctl: RowControls, top_k: int = 0) -> Selection:
+    """logits: [B, V] float32. Picks each row's next token and its logprob; with top_k > 0
+    also the top_k most likely tokens of the same (tempered) distribution."""
     scaled = logits if bool((ctl.inv_temp == 1).all()) else logits * ctl.inv_temp[:, None]
     # log_softmax by hand, keeping the unnormalised probabilities for sampling: one exp pass.
     peak = scaled.amax(dim=-1, keepdim=True)
@@ -89,7 +99,11 @@ def select_tokens(logits: torch.Tensor, ctl: RowControls) -> tuple[torch.Tensor,
         if bool(ctl.greedy.any()):
             tokens = torch.where(ctl.greedy, scaled.argmax(dim=-1), tokens)
     chosen = scaled.gather(1, tokens[:, None]) - peak - log_total
-    return tokens, chosen[:, 0]
+    selection = Selection(tokens=tokens, logprobs=chosen[:, 0])
+    if top_k > 0:
+        vals, ids = scaled.topk(top_k, dim=-1)
+        selection.top_ids, selection.top_logprobs = ids, vals - peak - log_total
+    return selection
 
 
 def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> torch.Tensor:
