@@ -265,6 +265,9 @@ def create_app(svc: Service) -> FastAPI:
         req = await _parse(request, types.FutureRetrieveRequest, "retrieve_future")
         record = svc.futures.get(req.request_id)
         if record is None or record.owner != current_owner():
+            stored = svc.futures.stored(req.request_id, current_owner())
+            if stored is not None:
+                return Response(content=stored.body, media_type=stored.media_type)
             raise ApiError(404, f"unknown request_id {req.request_id!r} (did the server restart?)")
         result = await wait_for_result(record, svc.settings.long_poll_s)
         if result is None:

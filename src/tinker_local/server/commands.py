@@ -52,7 +52,21 @@ def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
     bad = [name for name, value in limits.items() if value < 1]
     if bad:
         raise ValueError(f"limits must be positive: {', '.join(bad)}")
-    return ServerSettings(api_keys=keys, **limits)
+    return ServerSettings(api_keys=keys, database=config.home() / "server.sqlite3", **limits)
+
+
+def _lock_home() -> Any:
+    """One `serve` per home: the store marks what an earlier process left in flight as
+    interrupted, which must never happen under a live server. None if another one holds it."""
+    import fcntl
+
+    handle = (config.home() / "server.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
 
 
 def _setup_logging(level: str) -> None:
@@ -96,6 +110,14 @@ def serve_main(argv: list[str]) -> int:
         settings = _settings(args, check_keys(keys))
     except ValueError as exc:
         parser.error(str(exc))
+    home_lock = _lock_home()
+    if home_lock is None:
+        print(
+            f"tinker-local serve: another tinker-local server is serving {config.home()} "
+            "(set TINKER_LOCAL_HOME to serve a different home)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         server = LocalServer(
             EngineApi.real(device=args.device, dtype=args.dtype), settings, args.host, args.port

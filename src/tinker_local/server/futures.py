@@ -19,6 +19,7 @@ from typing import Any
 
 from tinker_local.server.access import current_owner
 from tinker_local.server.errors import error_category, error_message
+from tinker_local.server.store import INTERRUPTED_MESSAGE, Store
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -71,22 +72,56 @@ class FutureRecord:
 class FutureStore:
     """request_id -> FutureRecord. Used only from the server's event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
+        self._store = store
         self._records: OrderedDict[str, FutureRecord] = OrderedDict()
         self._last_sweep = 0.0
 
     def create(self, kind: str) -> FutureRecord:
         loop = asyncio.get_running_loop()
+        request_id = f"req-{uuid.uuid4().hex}"
+        owner = current_owner()
         future: concurrent.futures.Future[WireResult] = concurrent.futures.Future()
+        if self._store is not None:
+            # Registered before the waiter: a result is on disk before any client can see it.
+            self._persist(request_id, owner, kind, future, self._store)
         record = FutureRecord(
-            request_id=f"req-{uuid.uuid4().hex}",
+            request_id=request_id,
             kind=kind,
             future=future,
             waiter=asyncio.wrap_future(future, loop=loop),
+            owner=owner,
         )
         self._records[record.request_id] = record
         self._sweep()
         return record
+
+    @staticmethod
+    def _persist(
+        request_id: str,
+        owner: str,
+        kind: str,
+        future: concurrent.futures.Future[WireResult],
+        store: Store,
+    ) -> None:
+        store.add_future(request_id, owner, kind)
+
+        def finished(done: concurrent.futures.Future[WireResult]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                result = done.result()
+                store.finish_future(request_id, result.body, result.media_type)
+
+        future.add_done_callback(finished)
+
+    def stored(self, request_id: str, owner: str) -> WireResult | None:
+        """The result of a future from the store (an earlier process, or swept from memory)."""
+        row = self._store.future(request_id) if self._store is not None else None
+        if row is None or row[0] != owner:
+            return None
+        _owner, kind, state, media_type, body = row
+        if state == "done" and body is not None:
+            return WireResult(body, media_type or JSON)
+        return json_result({"error": INTERRUPTED_MESSAGE.format(kind=kind), "category": "server"})
 
     def resolved(self, kind: str, result: WireResult) -> FutureRecord:
         record = self.create(kind)

@@ -69,6 +69,11 @@ def _live_runs(svc: Service) -> dict[str, _LiveRun]:
     listing itself runs in a thread and must not touch server state)."""
     live = {}
     owner = current_owner()
+    if svc.store is not None:  # runs of earlier server processes
+        for run in svc.store.runs(owner).values():
+            live[run.model_id] = _LiveRun(
+                run.base_model, run.lora_rank, run.created_at, run.user_metadata
+            )
     for model_id, model in svc.state.models.items():
         if model.owner != owner:
             continue

@@ -69,6 +69,8 @@ async def _create_sampler(
     sampler = Sampler(new_id, session_id, str(base_model), req.model_path, owner=session.owner)
     svc.state.samplers[new_id] = sampler
     session.sampler_ids.append(new_id)
+    if svc.store is not None:
+        svc.store.add_sampler(new_id, session_id, session.owner, str(base_model), req.model_path)
     return sampler
 
 

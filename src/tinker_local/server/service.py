@@ -27,6 +27,7 @@ from tinker_local.server.futures import (
 )
 from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
 from tinker_local.server.state import ServerState, TrainingModel, remember
+from tinker_local.server.store import Store, restore
 from tinker_local.server.worker import EngineWorker
 
 logger = logging.getLogger("tinker_local.server")
@@ -74,6 +75,8 @@ class ServerSettings:
     max_adapters_per_base: int = 64
     # Engine jobs waiting on the worker before new work is answered with 429.
     max_queued_jobs: int = 256
+    # The SQLite store (see store.py); None keeps everything in memory only.
+    database: Path | None = None
 
     def client_config_answer(self) -> dict[str, Any]:
         return {**DEFAULT_CLIENT_CONFIG, **self.client_config}
@@ -90,7 +93,10 @@ class Service:
         self.api = api
         self.settings = settings or ServerSettings()
         self.state = ServerState()
-        self.futures = FutureStore()
+        self.store = Store(self.settings.database) if self.settings.database else None
+        self.futures = FutureStore(self.store)
+        if self.store is not None:
+            restore(self.state, self.store)
         self.worker = EngineWorker(api.make_engine)
         self._tasks: set[asyncio.Task[Any]] = set()
 

@@ -25,6 +25,10 @@ SWEEP_EVERY_S = 30.0
 
 def create_session(svc: Service, req: types.CreateSessionRequest) -> dict[str, Any]:
     session = svc.state.new_session(req.user_metadata)
+    if svc.store is not None:
+        svc.store.add_session(
+            session.session_id, session.owner, session.user_metadata, session.created_at
+        )
     logger.info("session %s created (sdk %s)", session.session_id, req.sdk_version)
     return {"type": "create_session", "session_id": session.session_id}
 
@@ -43,6 +47,8 @@ def finish(svc: Service, session_id: str, reason: str) -> None:
 
 def _finish(svc: Service, session: Session, reason: str) -> None:
     session.finished = reason
+    if svc.store is not None:
+        svc.store.finish_session(session.session_id, reason)
     model_ids = list(session.model_ids)
     sampler_ids = list(session.sampler_ids)
     for model_id in model_ids:

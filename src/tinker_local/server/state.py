@@ -94,6 +94,8 @@ class ServerState:
         self.samplers: dict[str, Sampler] = {}
         # Sampler creations in flight, so a retried create_sampling_session waits for the same.
         self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
+        # model_id -> owner of training models that lived in an earlier server process.
+        self.lost_models: dict[str, str] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
         session = Session(new_session_id(), user_metadata)
@@ -112,6 +114,13 @@ class ServerState:
     def model(self, model_id: str) -> TrainingModel:
         model = self.models.get(model_id)
         if model is None:
+            if self.lost_models.get(model_id) == current_owner():
+                raise ApiError(
+                    410,
+                    f"model {model_id} lived in an earlier tinker-local server process, which "
+                    "stopped; its weights since the last checkpoint are gone. Resume from a "
+                    "checkpoint with create_training_client_from_state_with_optimizer(path)",
+                )
             raise ApiError(404, f"unknown model_id {model_id!r}")
         check_owner(model.owner, f"model_id {model_id!r}")
         return model

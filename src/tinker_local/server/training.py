@@ -97,6 +97,8 @@ def register_model(
     )
     svc.state.models[model_id] = model
     session.model_ids.append(model_id)
+    if svc.store is not None:
+        svc.store.add_model(model_id, session.session_id, session.owner, base_model, metadata)
     return model, True
 
 
@@ -119,6 +121,8 @@ def start_creation(
             model.creation.future.set_result(failure_result(exc))
             return
         model.ready.set_result(body)
+        if svc.store is not None:
+            svc.store.model_created(model.model_id, model.base_model, body.get("lora_rank"))
         model.creation.future.set_result(json_result(answer))
 
     svc.spawn(finish())

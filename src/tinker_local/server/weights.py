@@ -123,6 +123,8 @@ def _snapshot_sampler(
             new_id, session.session_id, str(base_model), None, owner=session.owner
         )
         session.sampler_ids.append(new_id)
+        if svc.store is not None:
+            svc.store.add_sampler(new_id, session.session_id, session.owner, str(base_model), None)
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
 
     return svc.submit_ordered(

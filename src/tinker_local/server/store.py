@@ -1,0 +1,202 @@
+"""The server's SQLite store (standard library `sqlite3`, WAL): what outlives the process.
+
+Sessions, training models (base model, LoRA rank, owner), sampling sessions and futures with
+their results are written as they happen. After a restart on the same home:
+- sessions come back (heartbeats keep working); their models do not, since the weights since
+  the last checkpoint were in memory: calls naming them get a 410 that says how to resume;
+- finished futures are still retrievable; futures that were in flight when the process died
+  are marked interrupted, and retrieving them answers a clear error instead of hanging;
+- training runs are listed (with their checkpoints, which live on disk).
+
+One connection, shared by the event loop and the engine thread (which finishes futures),
+behind a lock. Checkpoint folders stay the source of truth for checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("tinker_local.server")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, user_metadata TEXT,
+    created_at REAL NOT NULL, finished TEXT);
+CREATE TABLE IF NOT EXISTS models (
+    model_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    base_model TEXT NOT NULL, lora_rank INTEGER, user_metadata TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS samplers (
+    sampler_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    base_model TEXT NOT NULL, model_path TEXT, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS futures (
+    request_id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL,
+    state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
+"""
+
+INTERRUPTED_MESSAGE = (
+    "the tinker-local server stopped while this {kind} request was in flight, so it never "
+    "finished; nothing of it was kept. Send it again (a training model must first be resumed "
+    "from its last checkpoint with create_training_client_from_state_with_optimizer)."
+)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    model_id: str
+    session_id: str
+    owner: str
+    base_model: str
+    lora_rank: int | None
+    user_metadata: dict[str, Any] | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    session_id: str
+    owner: str
+    user_metadata: dict[str, Any] | None
+    created_at: float
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def interrupt_pending(self) -> int:
+        """Mark futures left pending by a previous process as interrupted (call at start)."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE futures SET state = 'interrupted' WHERE state = 'pending'"
+            )
+            return cur.rowcount
+
+    def open_sessions(self) -> list[StoredSession]:
+        rows = self._run(
+            "SELECT session_id, owner, user_metadata, created_at FROM sessions "
+            "WHERE finished IS NULL"
+        )
+        return [StoredSession(r[0], r[1], _loads(r[2]), r[3]) for r in rows]
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def add_session(
+        self, session_id: str, owner: str, user_metadata: Any, created_at: float
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, NULL)",
+            (session_id, owner, _dumps(user_metadata), created_at),
+        )
+
+    def finish_session(self, session_id: str, reason: str) -> None:
+        self._run("UPDATE sessions SET finished = ? WHERE session_id = ?", (reason, session_id))
+
+    def add_model(
+        self, model_id: str, session_id: str, owner: str, base_model: str, metadata: Any
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?, NULL, ?, ?)",
+            (model_id, session_id, owner, base_model, _dumps(metadata), time.time()),
+        )
+
+    def model_created(self, model_id: str, base_model: str, lora_rank: int | None) -> None:
+        self._run(
+            "UPDATE models SET base_model = ?, lora_rank = ? WHERE model_id = ?",
+            (base_model, lora_rank, model_id),
+        )
+
+    def add_sampler(
+        self, sampler_id: str, session_id: str, owner: str, base_model: str, path: str | None
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO samplers VALUES (?, ?, ?, ?, ?, ?)",
+            (sampler_id, session_id, owner, base_model, path, time.time()),
+        )
+
+    def add_future(self, request_id: str, owner: str, kind: str) -> None:
+        self._run(
+            "INSERT OR IGNORE INTO futures VALUES (?, ?, ?, 'pending', NULL, NULL, ?)",
+            (request_id, owner, kind, time.time()),
+        )
+
+    def finish_future(self, request_id: str, body: bytes, media_type: str) -> None:
+        try:
+            self._run(
+                "UPDATE futures SET state = 'done', body = ?, media_type = ? WHERE request_id = ?",
+                (body, media_type, request_id),
+            )
+        except sqlite3.Error as exc:  # e.g. closed at shutdown: the client sees it anyway
+            logger.warning("could not store the result of %s: %s", request_id, exc)
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def future(self, request_id: str) -> tuple[str, str, str, str | None, bytes | None] | None:
+        """(owner, kind, state, media_type, body) of a stored future, or None."""
+        rows = self._run(
+            "SELECT owner, kind, state, media_type, body FROM futures WHERE request_id = ?",
+            (request_id,),
+        )
+        return rows[0] if rows else None
+
+    def model_owners(self) -> dict[str, str]:
+        return dict(self._run("SELECT model_id, owner FROM models"))
+
+    def runs(self, owner: str) -> dict[str, StoredRun]:
+        rows = self._run(
+            "SELECT model_id, session_id, owner, base_model, lora_rank, user_metadata, "
+            "created_at FROM models WHERE owner = ?",
+            (owner,),
+        )
+        return {r[0]: StoredRun(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6]) for r in rows}
+
+
+def restore(state: Any, store: Store) -> None:
+    """Bring a previous process's sessions back into `state` and mark its models as gone."""
+    from tinker_local.server.state import Session
+
+    interrupted = store.interrupt_pending()
+    for stored in store.open_sessions():
+        state.sessions[stored.session_id] = Session(
+            stored.session_id,
+            stored.user_metadata,
+            owner=stored.owner,
+            created_at=stored.created_at,
+        )
+    state.lost_models = store.model_owners()
+    logger.debug(
+        "restored %d sessions from %s; %d requests that were in flight are marked interrupted",
+        len(state.sessions),
+        store.path,
+        interrupted,
+    )
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
