@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS futures (
     state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
 """
 
+# Futures and their results are kept this long (a week), then dropped at the next start.
+KEEP_FUTURES_S = 7 * 24 * 3600.0
+
 INTERRUPTED_MESSAGE = (
     "the tinker-local server stopped while this {kind} request was in flight, so it never "
     "finished; nothing of it was kept. Send it again (a training model must first be resumed "
@@ -93,6 +96,12 @@ class Store:
                 "UPDATE futures SET state = 'interrupted' WHERE state = 'pending'"
             )
             return cur.rowcount
+
+    def prune(self, keep_s: float = KEEP_FUTURES_S, now: float | None = None) -> int:
+        """Drop futures (and their result bodies) older than `keep_s`."""
+        cutoff = (time.time() if now is None else now) - keep_s
+        with self._lock:
+            return self._db.execute("DELETE FROM futures WHERE created_at < ?", (cutoff,)).rowcount
 
     def open_sessions(self) -> list[StoredSession]:
         rows = self._run(
@@ -178,6 +187,7 @@ def restore(state: Any, store: Store) -> None:
     from tinker_local.server.state import Session
 
     interrupted = store.interrupt_pending()
+    store.prune()
     for stored in store.open_sessions():
         state.sessions[stored.session_id] = Session(
             stored.session_id,
