@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tinker
 from bandit_engine import BASE, BanditEngine, start_bandit_server
-from conftest import load_smollm2_tokenizer
+from smollm2_tokenizer import load_smollm2_tokenizer
 
 from tinker_local import config
 from tinker_local.rl import checkpoints
