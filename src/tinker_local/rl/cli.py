@@ -90,12 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop-after-steps", type=int, help="pause after this many steps")
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
     for field in dataclasses.fields(RLConfig):
-        default = field.default
+        if field.default is dataclasses.MISSING:
+            shown = "runs/rl-<task>" if field.name == "log_dir" else "required"
+        else:
+            shown = repr(field.default)
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             type=_flag_type(field.name),
             default=None,
-            help=f"default {default!r}",
+            help=f"default {shown}",
         )
     return parser
 
