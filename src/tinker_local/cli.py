@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("tinker_local.tasks.registry:list_main", "list the built-in tasks"),
     "sft": ("tinker_local.sl.cli:main", "supervised fine-tuning on chat or prompt/completion JSONL"),
     "collect": ("tinker_local.sl.collect:main", "write SFT data from the task suite"),
+    "pipeline": (
+        "tinker_local.sl.pipeline:main",
+        "SFT, then RL from the SFT checkpoint, then eval of base/SFT/RL side by side",
+    ),
     "eval": ("tinker_local.eval.cli:main", "evaluate checkpoints on tasks with Jeffreys intervals"),
 }
 
