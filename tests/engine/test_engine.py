@@ -118,7 +118,7 @@ def test_samplers_snapshot_mix_and_report_errors_per_request(engine):
         SampleRequest("missing", prompt, GREEDY),
         SampleRequest("base", prompt, GREEDY, prompt_logprobs=True),
         SampleRequest("base", [1, 49152], GREEDY),  # out of vocabulary
-        SampleRequest("snap", prompt, GREEDY, num_samples=2),
+        SampleRequest("snap", prompt, GREEDY, num_samples=2, topk_sample_logprobs=3),
     ]
     results = engine.sample_batch(requests)
     assert isinstance(results[1], EngineError) and "missing" in str(results[1])
@@ -126,6 +126,8 @@ def test_samplers_snapshot_mix_and_report_errors_per_request(engine):
     snap, base, snap_twice = results[0], results[2], results[4]
     assert len(snap_twice.sequences) == 2
     assert snap_twice.sequences[0].tokens == snap.sequences[0].tokens
+    assert snap.sequences[0].topk_logprobs_np is None
+    assert snap_twice.sequences[0].topk_logprobs_np is not None  # passed through to the sampler
     # The snapshot samples the trained weights: its logprobs are the policy's teacher-forced ones.
     sampled = snap.sequences[0].tokens
     full = prompt + sampled

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from tinker_local.engine.logprobs import (
     Sequence,
     activation_checkpointing,
     chunked_logprobs,
+    limit_heap_fragmentation,
     plan_micro_batches,
     sequence_logprobs,
     split_causal_lm,
@@ -134,3 +137,8 @@ def test_activation_checkpointing_same_gradients_and_restores_flags(pool):
         assert_close_scaled(grads[1][name], grads[0][name], tol=1e-6)
     layers = pool.model.get_base_model().model.layers
     assert all(not layer.training and not layer.gradient_checkpointing for layer in layers)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_heap_fragmentation_limit_takes_effect_on_glibc():
+    assert limit_heap_fragmentation() is True

@@ -56,6 +56,7 @@ class SampleRequest:
     num_samples: int = 1
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0  # top-k logprobs at every generated position
 
 
 @dataclass
@@ -294,6 +295,7 @@ class Engine:
                     adapter_name=adapter,
                     prompt_logprobs=request.prompt_logprobs,
                     topk_prompt_logprobs=request.topk_prompt_logprobs,
+                    topk_sample_logprobs=request.topk_sample_logprobs,
                 )
                 self._base_sampler(base).validate(gen)
                 groups.setdefault(entry.base_model, []).append((index, gen))

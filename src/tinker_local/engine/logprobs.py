@@ -179,8 +179,10 @@ def limit_heap_fragmentation(threshold_bytes: int = 1 << 20) -> bool:
 
     glibc raises its mmap threshold dynamically after large frees, after which big transient
     tensors (activations, logits chunks) come from the heap and fragment it: freed memory stays
-    in the process. Measured on a SmolLM2-135M LoRA step with 2048 tokens: peak RSS 3.4 GB with
-    the default policy, 1.7 GB with a fixed 1 MiB threshold. Returns whether it took effect.
+    in the process. Measured on SmolLM2-135M, rank-32 LoRA, 2048-token micro-batches: peak RSS
+    4.7 GB (and growing call after call) with the default policy, 3.3 GB with malloc_trim after
+    every micro-batch, 1.8 GB with a fixed 1 MiB threshold. The price is ~15% more CPU time
+    (page faults on fresh mappings). Returns whether it took effect.
     """
     import ctypes
     import ctypes.util
