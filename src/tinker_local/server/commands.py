@@ -35,6 +35,12 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-adapters-per-base", type=int, default=64, help="live LoRA models per base model"
     )
     parser.add_argument(
+        "--max-snapshots-per-model",
+        type=int,
+        default=8,
+        help="in-memory weight snapshots kept per training model (older ones are unloaded)",
+    )
+    parser.add_argument(
         "--max-queued", type=int, default=256, help="engine jobs queued before answering 429"
     )
 
@@ -47,6 +53,7 @@ def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
         "max_sequence_len": args.max_sequence_len,
         "max_base_models": args.max_base_models,
         "max_adapters_per_base": args.max_adapters_per_base,
+        "max_snapshots_per_model": args.max_snapshots_per_model,
         "max_queued_jobs": args.max_queued,
     }
     bad = [name for name, value in limits.items() if value < 1]

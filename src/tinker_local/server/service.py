@@ -73,6 +73,11 @@ class ServerSettings:
     max_base_models: int = 4
     # Live training models (LoRA adapters) on one base model at once, over all owners.
     max_adapters_per_base: int = 64
+    # In-memory weight snapshots (save_weights_and_get_sampling_client) kept per training
+    # model; older ones are unloaded. An RL loop makes one per step, and each is a full copy
+    # of the adapter, so without a bound a long run grows without limit. 8 covers async RL
+    # with several steps off policy.
+    max_snapshots_per_model: int = 8
     # Engine jobs waiting on the worker before new work is answered with 429.
     max_queued_jobs: int = 256
     # The SQLite store (see store.py); None keeps everything in memory only.

@@ -83,6 +83,8 @@ class Sampler:
     base_model: str
     model_path: str | None
     owner: str = field(default_factory=current_owner)
+    # The training model this sampler is an in-memory snapshot of, if it is one.
+    snapshot_of: str | None = None
     # seq_id -> asample answer, so a retried sample gets the future of the first one.
     answers_by_seq: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -92,6 +94,8 @@ class ServerState:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
+        # Snapshot samplers unloaded to bound memory (see weights.py), with the reason.
+        self.evicted_samplers: dict[str, str] = {}
         # Sampler creations in flight, so a retried create_sampling_session waits for the same.
         self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
         # model_id -> owner of training models that lived in an earlier server process.
@@ -128,6 +132,9 @@ class ServerState:
     def sampler(self, sampler_id_: str) -> Sampler:
         sampler = self.samplers.get(sampler_id_)
         if sampler is None:
+            why = self.evicted_samplers.get(sampler_id_)
+            if why is not None:
+                raise ApiError(404, f"sampling_session_id {sampler_id_!r} was unloaded: {why}")
             raise ApiError(404, f"unknown sampling_session_id {sampler_id_!r}")
         check_owner(sampler.owner, f"sampling_session_id {sampler_id_!r}")
         return sampler

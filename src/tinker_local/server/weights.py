@@ -120,9 +120,15 @@ def _snapshot_sampler(
     def on_loop(base_model: Any) -> WireResult:
         session = svc.state.session(model.session_id, live=False)
         svc.state.samplers[new_id] = Sampler(
-            new_id, session.session_id, str(base_model), None, owner=session.owner
+            new_id,
+            session.session_id,
+            str(base_model),
+            None,
+            owner=session.owner,
+            snapshot_of=model.model_id,
         )
         session.sampler_ids.append(new_id)
+        _evict_old_snapshots(svc, model.model_id)
         if svc.store is not None:
             svc.store.add_sampler(new_id, session.session_id, session.owner, str(base_model), None)
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
@@ -130,6 +136,31 @@ def _snapshot_sampler(
     return svc.submit_ordered(
         model, req.seq_id, "save_weights_for_sampler", prepare, on_loop=on_loop
     )
+
+
+def _evict_old_snapshots(svc: Service, model_id: str) -> None:
+    """Keep the newest `max_snapshots_per_model` snapshots of one training model."""
+    keep = svc.settings.max_snapshots_per_model
+    snapshots = [s for s in svc.state.samplers.values() if s.snapshot_of == model_id]
+    old = snapshots[: max(0, len(snapshots) - keep)]  # dicts keep creation order
+    if not old:
+        return
+    for sampler in old:
+        del svc.state.samplers[sampler.sampler_id]
+        svc.state.evicted_samplers[sampler.sampler_id] = (
+            f"{model_id} has made {keep} newer weight snapshots and the server keeps "
+            f"{keep} per model (tinker-local serve --max-snapshots-per-model)"
+        )
+        session = svc.state.sessions.get(sampler.session_id)
+        if session is not None and sampler.sampler_id in session.sampler_ids:
+            session.sampler_ids.remove(sampler.sampler_id)
+    old_ids = [s.sampler_id for s in old]
+
+    def unload(engine: Any) -> None:
+        for sid in old_ids:
+            engine.unload_sampler(sid)
+
+    svc.worker.submit(unload)
 
 
 def _load_source(svc: Service, uri: str, with_optimizer: bool) -> tuple[paths.CheckpointPath, Path]:
