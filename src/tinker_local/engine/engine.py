@@ -34,6 +34,7 @@ from tinker_local.engine.logprobs import (
 )
 from tinker_local.engine.losses import elementwise_loss, get_loss_fn, prepare_data, resolve_config
 from tinker_local.engine.optimizer import AdapterOptimizer
+from tinker_local.engine.packing import PackedRow, plan_packed_rows
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +168,26 @@ class Engine:
                     peft_model, self.checkpoint_activations and not forward_only
                 ),
             ):
+                sequences = [Sequence(d.tokens, d.targets) for d in prepared]
                 lengths = [int(d.tokens.shape[0]) for d in prepared]
-                for batch in plan_micro_batches(lengths, self.token_budget):
-                    sequences = [Sequence(prepared[i].tokens, prepared[i].targets) for i in batch]
-                    logprobs = sequence_logprobs(peft_model, sequences)
+                rows = plan_packed_rows(
+                    [s.tokens for s in sequences],
+                    widths=[s.width for s in sequences],
+                    max_row_tokens=self.token_budget,
+                )
+                row_lengths = [row.length(lengths) for row in rows]
+                for row_batch in plan_micro_batches(row_lengths, self.token_budget):
+                    batch_rows = [rows[r] for r in row_batch]
+                    batch = [i for row in batch_rows for i in row.members]
+                    local = {i: n for n, i in enumerate(batch)}
+                    logprobs = sequence_logprobs(
+                        peft_model,
+                        [sequences[i] for i in batch],
+                        rows=[
+                            PackedRow(tuple(local[i] for i in row.members), row.prefix)
+                            for row in batch_rows
+                        ],
+                    )
                     losses = [
                         elementwise_loss(loss, lp, prepared[i], config)
                         for i, lp in zip(batch, logprobs)

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tinker_local.engine.packing import PackedRow, build_packed_batch
+
 # Float32 logits elements computed at once (per chunk of positions): 32M elements = 128 MiB.
 LOGITS_CHUNK_ELEMENTS = 1 << 25
 # Padded tokens (rows x longest row) per micro-batch. Activation memory scales with this.
@@ -134,44 +136,77 @@ def sequence_logprobs(
     model: nn.Module,
     sequences: list[Sequence],
     *,
+    rows: list[PackedRow] | None = None,
     pad_token_id: int = 0,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
 ) -> list[torch.Tensor]:
     """Target log-probs for one micro-batch of sequences, one float32 tensor per sequence.
 
-    Differentiable when grad is enabled (the caller chooses with `torch.no_grad()` or not). Each
-    result has its sequence's target shape: [L] or [L, K].
+    `rows` says which sequences share a prefix and are packed together (see `packing`); by
+    default every sequence is its own row. Differentiable when grad is enabled (the caller
+    chooses with `torch.no_grad()` or not). Each result has its sequence's target shape: [L] or
+    [L, K].
     """
     if not sequences:
         return []
+    rows = rows or [PackedRow((i,), 0) for i in range(len(sequences))]
     parts = split_causal_lm(model)
     device = next(parts.head.parameters()).device
-    lengths = [int(s.tokens.shape[0]) for s in sequences]
-    width = max(lengths)
-    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, : lengths[row]] = seq.tokens
-    position_ids = torch.arange(width).unsqueeze(0).expand(len(sequences), -1)
-    # Right padding under a causal mask: a real token only attends to earlier positions, which
-    # are all real, so no padding mask is needed. Leaving it out keeps attention on the fused
-    # causal kernel instead of a materialised [rows x heads x T x T] mask (measured: 2x faster
-    # forward on CPU, less memory). Pad positions compute garbage that is never read.
+    tokens = [s.tokens for s in sequences]
+    batch = build_packed_batch(rows, tokens, pad_token_id)
+    mask = None if batch.attention_mask is None else batch.attention_mask.to(device)
+    # Without a mask, right padding under the causal kernel is exact: a real token only attends
+    # to earlier positions, which are all real. Keeping the fused causal kernel is 2x faster on
+    # CPU than a materialised mask; pad positions compute garbage that is never read.
     hidden = parts.body(
-        input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False
+        input_ids=batch.input_ids.to(device),
+        position_ids=batch.position_ids.to(device),
+        attention_mask=mask,
+        use_cache=False,
     ).last_hidden_state
 
-    results: list[torch.Tensor | None] = [None] * len(sequences)
-    # Rows with the same number of targets per position share one chunked pass.
+    # Pieces of hidden states with their targets: a shared prefix once, with every member's
+    # targets side by side (one logsumexp per position however many members), then each suffix.
+    segments: list[tuple[torch.Tensor, torch.Tensor]] = []
+    prefix_piece: dict[int, tuple[int, int]] = {}  # member -> (segment index, column offset)
+    suffix_piece: dict[int, int] = {}
+    for r, row in enumerate(rows):
+        if row.prefix:
+            width = sequences[row.members[0]].width  # equal within a row (see plan_packed_rows)
+            targets = [sequences[m].targets[: row.prefix].reshape(row.prefix, width) for m in row.members]
+            for j, m in enumerate(row.members):
+                prefix_piece[m] = (len(segments), j * width)
+            segments.append((hidden[r, : row.prefix], torch.cat(targets, dim=1)))
+        for m in row.members:
+            _, start = batch.suffix_starts[m]
+            own = int(sequences[m].tokens.shape[0]) - row.prefix
+            suffix_piece[m] = len(segments)
+            segments.append(
+                (hidden[r, start : start + own], sequences[m].targets[row.prefix :].reshape(own, -1))
+            )
+
+    # Segments with the same number of targets per position share one chunked pass.
+    computed: list[torch.Tensor | None] = [None] * len(segments)
     by_width: dict[int, list[int]] = {}
-    for row, seq in enumerate(sequences):
-        by_width.setdefault(seq.width, []).append(row)
-    for rows in by_width.values():
-        flat_hidden = torch.cat([hidden[row, : lengths[row]] for row in rows])
-        flat_targets = torch.cat([sequences[row].targets.reshape(lengths[row], -1) for row in rows])
-        flat = chunked_logprobs(parts, flat_hidden, flat_targets.to(device), chunk_elements)
-        for row, piece in zip(rows, flat.split([lengths[r] for r in rows])):
-            results[row] = piece if sequences[row].targets.ndim == 2 else piece.squeeze(-1)
-    return [r for r in results if r is not None]
+    for index, (_, targets) in enumerate(segments):
+        by_width.setdefault(int(targets.shape[1]), []).append(index)
+    for indices in by_width.values():
+        flat_hidden = torch.cat([segments[i][0] for i in indices])
+        flat_targets = torch.cat([segments[i][1] for i in indices]).to(device)
+        flat = chunked_logprobs(parts, flat_hidden, flat_targets, chunk_elements)
+        for i, piece in zip(indices, flat.split([segments[i][0].shape[0] for i in indices])):
+            computed[i] = piece
+
+    results = []
+    for m, seq in enumerate(sequences):
+        pieces = []
+        if m in prefix_piece:
+            index, column = prefix_piece[m]
+            pieces.append(computed[index][:, column : column + seq.width])
+        pieces.append(computed[suffix_piece[m]])
+        logprobs = torch.cat(pieces)
+        results.append(logprobs if seq.targets.ndim == 2 else logprobs.squeeze(-1))
+    return results
 
 
 def limit_heap_fragmentation(threshold_bytes: int = 1 << 20) -> bool:
