@@ -7,7 +7,7 @@ model loading) is excluded; only optimizer steps are timed. Prints a table and w
 
     .venv/bin/python benchmarks/rl_vs_trl.py --steps 10 [--skip-trl] [--out bench.json]
 
-TRL is optional (`pip install trl`); without it only tinker-local is measured.
+TRL is optional (`pip install -e ".[bench]"`); without it only tinker-local is measured.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--out", default="benchmarks/rl_vs_trl.json")
+    parser.add_argument("--out", default="benchmarks/results/rl_vs_trl.json")
     args = parser.parse_args()
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,11 +68,19 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def make_data(datums: int, length: int, vocab: int, seed: int) -> list[types.Datum]:
+def make_data(
+    datums: int, length: int, vocab: int, seed: int, group_size: int = 1, shared: int = 0
+) -> list[types.Datum]:
+    """Random token sequences; with `group_size` > 1, each run of `group_size` datums shares its
+    first `shared` tokens, as the samples of one prompt do in an RL batch."""
     generator = torch.Generator().manual_seed(seed)
     data = []
-    for _ in range(datums):
-        tokens = torch.randint(0, vocab, (length + 1,), generator=generator).tolist()
+    prompt: list[int] = []
+    for index in range(datums):
+        if index % group_size == 0:
+            prompt = torch.randint(0, vocab, (shared,), generator=generator).tolist()
+        own = torch.randint(0, vocab, (length + 1 - shared,), generator=generator).tolist()
+        tokens = prompt + own
         data.append(types.Datum(
             model_input=types.ModelInput.from_ints(tokens[:-1]),
             loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * length},
@@ -87,6 +95,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="datums per group sharing a prompt (an RL batch); 1 = none shared")
+    parser.add_argument("--shared", type=int, default=0,
+                        help="tokens of the prompt shared within each group")
     parser.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="keep every layer's activations instead of recomputing them")
@@ -99,7 +111,8 @@ def main() -> None:
     engine.create_model("bench", args.model, LoraSpec(rank=args.rank, seed=0))
     load_seconds = time.perf_counter() - start
     rss_loaded = rss_gb()
-    data = make_data(args.datums, args.length, vocab=49152, seed=0)
+    data = make_data(args.datums, args.length, vocab=49152, seed=0,
+                     group_size=args.group_size, shared=args.shared)
     tokens = args.datums * args.length
 
     with peak_rss_while_running() as during:
@@ -117,6 +130,8 @@ def main() -> None:
         "datums": args.datums,
         "length": args.length,
         "tokens": tokens,
+        "group_size": args.group_size,
+        "shared_prompt_tokens": args.shared,
         "lora_rank": args.rank,
         "token_budget": args.token_budget,
         "activation_checkpointing": not args.no_checkpoint,
@@ -140,6 +155,7 @@ def main() -> None:
     }
     rows = [
         ("tokens (datums x length)", f"{tokens} ({args.datums} x {args.length})"),
+        ("groups sharing a prompt", f"{args.group_size} datums share {args.shared} tokens"),
         ("peak RSS, process", f"{result['rss_peak_process_gb']:.2f} GB"),
         ("peak RSS, during forward_backward", f"{result['rss_peak_during_forward_backward_gb']:.2f} GB"),
         ("RSS after model load", f"{result['rss_after_load_gb']:.2f} GB"),
@@ -156,7 +172,8 @@ def main() -> None:
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "train_memory.json"
+    name = "train_memory.json" if args.group_size == 1 else "train_memory_groups.json"
+    path = args.out / name
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 
