@@ -55,6 +55,7 @@ class Meta:
     lora: LoraSpec
     tokenizer_path: str = ""
     lora_rank: int = 0
+    vocab_size: int = VOCAB
 
 
 @dataclass
@@ -234,6 +235,11 @@ def start_bandit_server(engine: BanditEngine, checkpoints_root: Path) -> LocalSe
         lora_spec=LoraSpec,
         sample_request=SampleRequest,
         read_checkpoint_meta=BanditEngine.read_checkpoint_meta,
+        loss_inputs={
+            "cross_entropy": ("weights",),
+            "importance_sampling": ("logprobs", "advantages"),
+            "ppo": ("logprobs", "advantages"),
+        },
     )
     settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0)
     return LocalServer(api, settings).start()

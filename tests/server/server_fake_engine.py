@@ -58,6 +58,7 @@ class ModelInfo:
     base_model: str
     lora_rank: int
     tokenizer_path: str
+    vocab_size: int = VOCAB
 
 
 @dataclass
@@ -297,4 +298,5 @@ def fake_engine_api(engine: FakeEngine) -> EngineApi:
         lora_spec=LoraSpec,
         sample_request=SampleRequest,
         read_checkpoint_meta=FakeEngine.read_checkpoint_meta,
+        loss_inputs={"cross_entropy": ("weights",)},
     )

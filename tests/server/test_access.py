@@ -192,9 +192,9 @@ def test_bad_checkpoint_names_are_refused_and_write_nothing(keyed: FakeServer) -
     root = keyed.settings.checkpoints_dir()
     before = sorted(p for p in root.parent.rglob("*"))
     for name in ("../escape", "/tmp/abs", "a/b", "..", "we ird", "x\n"):
-        with pytest.raises(tinker.RequestFailedError, match="invalid checkpoint name"):
+        with pytest.raises(tinker.BadRequestError, match="invalid checkpoint name"):
             trainer.save_state(name).result()
-        with pytest.raises(tinker.RequestFailedError, match="invalid checkpoint name"):
+        with pytest.raises(tinker.BadRequestError, match="invalid checkpoint name"):
             trainer.save_weights_for_sampler(name).result()
     assert sorted(p for p in root.parent.rglob("*")) == before
     with httpx.Client(base_url=keyed.base_url, timeout=10, headers={"X-API-Key": KEY_A}) as http:
@@ -221,9 +221,7 @@ def test_body_size_limit(keyed: FakeServer) -> None:
 def test_sequence_length_limit(keyed: FakeServer) -> None:
     service = _client(keyed, KEY_A)
     trainer = service.create_lora_training_client("fake/base", rank=4).result()
-    with pytest.raises(
-        tinker.RequestFailedError, match="datum 1: .*65 tokens.*max_sequence_len 64"
-    ):
+    with pytest.raises(tinker.BadRequestError, match="datum 1: .*65 tokens.*max_sequence_len 64"):
         trainer.forward_backward([_datum([1]), _datum([1] * 65)], "cross_entropy").result()
     assert trainer.forward_backward([_datum([1] * 64)], "cross_entropy").result().metrics
     sampler = service.create_sampling_client(base_model="fake/base").result()

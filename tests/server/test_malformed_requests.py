@@ -3,17 +3,16 @@
 Every one must be refused with a 4xx whose JSON body names the problem, and the server must
 keep serving: a valid SDK training flow runs on the same server afterwards.
 
-Requests that were accepted into a training model's seq_id order but whose content is wrong
-(a bad datum, a bad checkpoint name) are the one exception the SDK protocol makes: their POST
-answers a request_id, and `retrieve_future` answers `{"error": ..., "category": "user"}`, which
-the SDK raises as RequestFailedError while the training client stays usable. Those are checked
-in `ORDERED_CASES`, through their future.
+That includes requests that carry a valid model id and seq_id but wrong content (a bad datum,
+a bad checkpoint name), in `_ordered_cases`: they get a 4xx too, and still take their seq_id
+slot, so the model's next request runs at once instead of waiting for the refused one.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +68,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeServer]:
 
 
 def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    answer = http.post(path, json=body)
+    return _post_ok(http, path, json=body)
+
+
+def _post_ok(http: httpx.Client, path: str, **kwargs: Any) -> dict[str, Any]:
+    answer = http.post(path, **kwargs)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -599,7 +602,7 @@ def _rest_cases(ids: Ids) -> list[Case]:
     return cases
 
 
-# -- requests accepted in seq_id order whose content is wrong: refused through the future -------
+# -- requests with a valid model id and seq_id whose content is wrong ------------------------------
 
 
 def _ordered_cases(ids: Ids, first_seq_id: int) -> list[tuple[str, dict[str, Any], str]]:
@@ -720,16 +723,30 @@ def test_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
         ordered = _ordered_cases(ids, first_seq_id=5)
         for route, kwargs, expect in ordered:
             posted = http.post(f"/api/v1/{route}", **kwargs)
-            if posted.status_code != 200:
-                message = posted.json().get("error", "")
-                if not (400 <= posted.status_code < 500 and expect in message):
-                    failures.append(f"ordered {route}: {posted.status_code} {message!r}")
+            try:
+                message = posted.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                failures.append(f"ordered {route}: {posted.status_code} {posted.text[:200]!r}")
                 continue
-            result = json.loads(_wait(http, posted.json()["request_id"]).content)
-            if result.get("category") != "user" or expect not in result.get("error", ""):
-                failures.append(f"ordered {route}: {result!r}")
+            if not (400 <= posted.status_code < 500 and expect in message):
+                failures.append(f"ordered {route}: {posted.status_code} {message!r}")
     assert not failures, f"{len(failures)} of {len(cases) + len(ordered)}:\n" + "\n".join(failures)
     assert len(cases) + len(ordered) >= 200
+
+    # Every refused request took its slot: the next seq_id runs at once (the sequencer would
+    # otherwise hold a forward_backward for gap_wait_s, then run it anyway).
+    next_seq = 5 + len(ordered)
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        body = _fb_body(ids.model_id, next_seq, [_datum([1, 2])])
+        started = time.monotonic()
+        posted = _post_ok(http, "/api/v1/forward_backward", content=body, headers=PROTO)
+        result = _wait(http, posted["request_id"])
+        assert result.headers["content-type"] == PROTO["Content-Type"], result.text
+        assert time.monotonic() - started < server.settings.gap_wait_s
+        # A retry of a refused request gets the same refusal, not "out of order".
+        route, kwargs, expect = ordered[-1]
+        again = http.post(f"/api/v1/{route}", **kwargs)
+        assert again.status_code == 400 and expect in again.json()["error"]
 
     # A duplicate seq_id is a retry, not an error: it gets the first request's future.
     with httpx.Client(base_url=server.base_url, timeout=30) as http:

@@ -102,10 +102,10 @@ def test_checkpoints_round_trip(fake_server: FakeServer, service: tinker.Service
     ]
 
     # Same name again needs overwrite=True; a bad name is refused by name.
-    with pytest.raises(tinker.RequestFailedError, match="already exists"):
+    with pytest.raises(tinker.BadRequestError, match="already exists"):
         trainer.save_state("step-1").result()
     assert trainer.save_state("step-1", overwrite=True).result().path == saved.path
-    with pytest.raises(tinker.RequestFailedError, match="invalid checkpoint name '../evil'"):
+    with pytest.raises(tinker.BadRequestError, match="invalid checkpoint name '../evil'"):
         trainer.save_state("../evil").result()
     with pytest.raises(tinker.NotFoundError, match="not found"):
         service.create_training_client_from_state(
@@ -197,36 +197,45 @@ def test_forward_backward_custom(fake_server: FakeServer, trainer: tinker.Traini
 @pytest.mark.parametrize(
     ("datum", "message"),
     [
-        (_datum([1, 2, 3], [2, 3]), "datum 0: loss_fn_inputs['target_tokens'] has length 2"),
-        (_datum([1, VOCAB + 1]), "datum 0: token id outside the vocabulary"),
+        (
+            _datum([1, 2, 3], [2, 3]),
+            "datum 0: loss_fn_inputs['target_tokens'] has shape [2], but model_input has 3 tokens",
+        ),
+        (
+            _datum([1, VOCAB + 1]),
+            "datum 0: model_input has token id 65, outside the vocabulary [0, 64)",
+        ),
         (
             types.Datum(
                 model_input=types.ModelInput.from_ints([1, 2]),
                 loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, float("nan")]},
             ),
-            "datum 0: loss_fn_inputs['weights'] is not finite",
+            "datum 0: loss_fn_inputs['weights'] is not finite at position 1 (nan)",
         ),
         (
             types.Datum(
                 model_input=types.ModelInput.from_ints([1]), loss_fn_inputs={"target_tokens": [2]}
             ),
-            "datum 0: loss_fn_inputs is missing 'weights'",
+            "datum 0: loss_fn_inputs['weights'] is missing",
         ),
     ],
 )
 def test_bad_training_input_fails_and_the_client_keeps_working(
-    trainer: tinker.TrainingClient, datum: types.Datum, message: str
+    fake_server: FakeServer, trainer: tinker.TrainingClient, datum: types.Datum, message: str
 ) -> None:
-    with pytest.raises(tinker.RequestFailedError) as err:
+    # Refused before queueing: a 4xx naming the datum and field, and no engine call.
+    calls = len(fake_server.engine.calls)
+    with pytest.raises(tinker.BadRequestError) as err:
         trainer.forward_backward([_datum([1]), datum], "cross_entropy").result()
     assert message.replace("datum 0", "datum 1") in str(err.value)
-    assert err.value.category == tinker.types.RequestErrorCategory.User
+    assert err.value.status_code == 400
+    assert len(fake_server.engine.calls) == calls
     out = trainer.forward_backward([_datum([1, 2])], "cross_entropy").result()
     assert len(out.loss_fn_outputs) == 1
 
 
 def test_unknown_loss_fn_is_a_user_error(trainer: tinker.TrainingClient) -> None:
-    with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'nope'"):
+    with pytest.raises(tinker.BadRequestError, match="loss_fn 'nope' is not supported"):
         trainer.forward_backward([_datum([1])], "nope").result()  # type: ignore[arg-type]
     trainer.optim_step(types.AdamParams(learning_rate=0.1)).result()
 

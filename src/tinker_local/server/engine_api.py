@@ -9,7 +9,7 @@ server a fake engine with matching types.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,20 @@ class EngineApi:
     sample_request: Callable[..., Any]
     # directory -> CheckpointMeta with `.base_model` and `.lora` (a LoraSpec)
     read_checkpoint_meta: Callable[[Path], Any]
+    # loss_fn name -> the loss_fn_inputs it requires besides target_tokens, so the server can
+    # refuse an unknown loss or a missing input with a 4xx before queueing (None: the engine
+    # alone decides, through the request's future).
+    loss_inputs: Mapping[str, tuple[str, ...]] | None = None
 
     @staticmethod
     def real(*, device: str | None = None, dtype: str | None = None) -> EngineApi:
         from tinker_local.engine import engine as engine_module
+        from tinker_local.engine.losses import LOSS_FNS
 
         return EngineApi(
             make_engine=lambda: engine_module.Engine(device=device, dtype=dtype),
             lora_spec=engine_module.LoraSpec,
             sample_request=engine_module.SampleRequest,
             read_checkpoint_meta=engine_module.Engine.read_checkpoint_meta,
+            loss_inputs={name: tuple(loss.required) for name, loss in LOSS_FNS.items()},
         )

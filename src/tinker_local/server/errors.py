@@ -3,9 +3,11 @@
 - `ApiError`: the HTTP request itself is refused (malformed body, unknown id). It becomes a
   4xx response with a JSON body naming the problem. Never a bare 400: the SDK takes an empty
   400 for a proxy hiccup and retries it for minutes.
-- `UserError`: the request was accepted (it holds a seq_id slot) but its content is wrong. It
-  becomes the future's `{"error": ..., "category": "user"}` result, which the SDK raises as
-  `RequestFailedError` while the training client stays usable.
+- `UserError`: the request's content is wrong. Found while the request is accepted (a bad
+  datum, a bad checkpoint name), it becomes a 4xx too, and the request still takes its seq_id
+  slot (`Service.submit_ordered`). Found later, on the engine worker, it becomes the future's
+  `{"error": ..., "category": "user"}` result, which the SDK raises as `RequestFailedError`
+  while the training client stays usable.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tinker_local import config
 from tinker_local.server.engine_api import EngineApi
@@ -172,39 +172,58 @@ class Service:
         """Accept a request in model's seq_id order and return its future.
 
         `prepare()` validates the request and returns the job to run on the worker. If it
-        raises, the request still takes its seq_id slot (so later requests are not held up)
-        and its future fails with a user error.
+        raises, the request is refused with a 4xx naming the problem, and it still takes its
+        seq_id slot: the SDK has already numbered the requests after it, which must not wait
+        for a request that will never run.
         """
         if seq_id is None or seq_id < 1:
             raise ApiError(400, f"{kind} request for model {model.model_id} needs seq_id >= 1")
         known = model.requests_by_seq.get(seq_id)
         if known is not None and (record := self.futures.get(known)) is not None:
             return record  # a retry of a request we already have
+        refused = model.refused_by_seq.get(seq_id)
+        if refused is not None:
+            raise ApiError(400, refused)  # a retry of a request we refused
         if seq_id < model.sequencer.next_seq_id or seq_id in model.sequencer.waiting():
             raise ApiError(
                 400,
                 f"{kind}: seq_id {seq_id} for model {model.model_id} is out of order: requests up "
                 f"to seq_id {model.sequencer.next_seq_id - 1} were already accepted",
             )
-        self.check_queue(kind)
+        try:
+            job_fn = prepare()
+        except (ApiError, UserError) as exc:
+            self._refuse(model, seq_id, kind, exc, is_forward_backward)
+        self.check_queue(kind)  # a 429 takes no slot: the SDK sends the same request again
         record = self.futures.create(kind)
         remember(model.requests_by_seq, seq_id, record.request_id)
-        try:
-            job_fn: Callable[[Any], Any] | None = prepare()
-        except (ApiError, UserError) as exc:
-            record.future.set_result(user_failure(_message(exc)))
-            job_fn = None
 
         def release() -> None:
-            if job_fn is not None:
-                self.resolve_from_job(record, self.worker.submit(job_fn), on_loop)
+            self.resolve_from_job(record, self.worker.submit(job_fn), on_loop)
 
         try:
             model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=release)
         except Late as exc:
-            if not record.future.done():
-                record.future.set_result(user_failure(str(exc)))
+            record.future.set_result(user_failure(str(exc)))
         return record
+
+    def _refuse(
+        self,
+        model: TrainingModel,
+        seq_id: int,
+        kind: str,
+        exc: Exception,
+        is_forward_backward: bool,
+    ) -> NoReturn:
+        """Answer a 4xx for a request whose content is wrong, after taking its seq_id slot
+        with a no-op, so the model's next request runs as soon as its turn comes."""
+        message = _message(exc)
+        status = exc.status if isinstance(exc, ApiError) else 400
+        remember(model.refused_by_seq, seq_id, message)
+        # Offered as the request it replaces: a refused forward_backward chunk may still be
+        # ahead of its call's first chunk, which the sequencer must keep waiting for.
+        model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=lambda: None)
+        raise ApiError(status, f"{kind} (seq_id {seq_id}) refused: {message}")
 
 
 def _message(exc: Exception) -> str:

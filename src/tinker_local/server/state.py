@@ -74,6 +74,11 @@ class TrainingModel:
     requests_by_seq: dict[int, str] = field(default_factory=dict)
     # Set by the worker when the engine failed to build the model (see module doc).
     creation_error: str | None = None
+    # Known once created (None if the engine did not say): token ids are checked against it.
+    vocab_size: int | None = None
+    # seq_id -> the 4xx message of a request refused before queueing, so a retry of it gets
+    # the same answer instead of "out of order".
+    refused_by_seq: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

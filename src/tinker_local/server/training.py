@@ -7,12 +7,14 @@ service, which runs it on the engine worker in the model's seq_id order.
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from tinker_local.server import limits, wire
+from tinker_local.server import datum_checks, limits, wire
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     PROTOBUF,
@@ -74,6 +76,21 @@ def _info_body(model: TrainingModel, info: Any) -> dict[str, Any]:
     }
 
 
+def _vocab_size(info: Any) -> int | None:
+    """The model's vocabulary size, for refusing out-of-range token ids before queueing: the
+    engine's own answer if it gives one, else `vocab_size` in the model folder's config.json
+    (the folder get_info hands out as tokenizer_id). None when neither says."""
+    size = getattr(info, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    folder = getattr(info, "tokenizer_path", None)
+    try:
+        size = json.loads((Path(str(folder)) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def register_model(
     svc: Service, session_id: str, model_seq_id: int, base_model: str, kind: str, metadata: Any
 ) -> tuple[TrainingModel, bool]:
@@ -113,6 +130,7 @@ def start_creation(
         try:
             info = await asyncio.wrap_future(job)
             model.base_model = getattr(info, "base_model", model.base_model)
+            model.vocab_size = _vocab_size(info)
             body = _info_body(model, info)
         except Exception as exc:  # noqa: BLE001 - becomes the creation future's error
             if model.creation_error is None:
@@ -196,11 +214,9 @@ def forward_backward(
     def prepare() -> Any:
         if isinstance(data, UserError):
             raise data
-        if not data:
-            raise UserError("forward_backward needs at least one datum")
-        if not loss_fn:
-            raise UserError("forward_backward request has no loss_fn")
+        datum_checks.check_loss_fn(loss_fn, svc.api.loss_inputs)
         limits.check_datum_lengths(svc, data)
+        datum_checks.check_datums(data, loss_fn, svc.api.loss_inputs, model.vocab_size)
 
         def job(engine: Any) -> WireResult:
             check_created(model)

@@ -26,15 +26,16 @@ from tinker_local.server.training import (
     start_creation,
 )
 
+_EXISTS = (
+    "checkpoint {name!r} already exists for this run; pass overwrite=True or choose another name"
+)
+
 
 def _save_into(directory: Path, overwrite: bool, owner: str, write: Any) -> None:
     """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
     or interrupted save never leaves a half-written checkpoint under the real name."""
     if directory.exists() and not overwrite:
-        raise UserError(
-            f"checkpoint {directory.name!r} already exists for this run; "
-            "pass overwrite=True or choose another name"
-        )
+        raise UserError(_EXISTS.format(name=directory.name))
     directory.parent.mkdir(parents=True, exist_ok=True)
     write_run_owner(directory.parent.parent, owner)
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -56,6 +57,9 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
             raise UserError("save_state needs a checkpoint name")
         target = paths.CheckpointPath(model.model_id, "weights", paths.check_name(req.path))
         directory = target.directory(svc.settings.checkpoints_dir())
+        if directory.exists() and not req.overwrite:
+            # Refused now (a 4xx); `_save_into` checks again for a save queued just before.
+            raise UserError(_EXISTS.format(name=directory.name))
 
         def job(engine: Any) -> WireResult:
             check_created(model)
