@@ -125,3 +125,139 @@ def test_group_builders_and_dataset(tokenizer):
     assert [b.problem.word for b in data.get_batch(1)] == ["3", "4", "5"]
     with pytest.raises(IndexError):
         data.get_batch(2)
+
+
+# --- scoring off the event loop -----------------------------------------------------------------
+
+# A sandboxed program that records when it was running: start time, a sleep, end time.
+SLEEPER = "import time\nstart = time.time()\ntime.sleep(1.0)\nprint(start, time.time())\n"
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The largest number of intervals running at one instant."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    best = current = 0
+    for _, delta in events:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+def _interval(stdout: str) -> tuple[float, float]:
+    start, end = map(float, stdout.split())
+    return start, end
+
+
+class SandboxedAsyncProblem(SingleTurnProblem):
+    """Scores by running a program in the sandbox, with an async verifier (like the code tasks)."""
+
+    def __init__(self):
+        self.intervals: list[tuple[float, float]] = []
+
+    def messages(self):
+        return [{"role": "user", "content": "Anything."}]
+
+    def score(self, answer: str) -> Score:  # pragma: no cover - the wrapper must not call this
+        raise AssertionError("ProblemEnv called the blocking score() instead of score_async()")
+
+    async def score_async(self, answer: str) -> Score:
+        from tinker_local.sandbox import run_python
+
+        result = await run_python(SLEEPER)
+        assert result.ok, result.reason
+        self.intervals.append(_interval(result.stdout))
+        return Score(1.0)
+
+
+class SandboxedSyncProblem(SandboxedAsyncProblem):
+    """Only a blocking `score`: the wrapper must run it in a worker thread."""
+
+    score_async = None  # type: ignore[assignment]
+
+    def score(self, answer: str) -> Score:
+        from tinker_local.sandbox import run_python_sync
+
+        result = run_python_sync(SLEEPER)
+        assert result.ok, result.reason
+        self.intervals.append(_interval(result.stdout))
+        return Score(1.0)
+
+
+class SandboxedWorld(CountWorld):
+    """A world whose blocking `step` runs a sandboxed program (no `step_async`)."""
+
+    def __init__(self, intervals: list[tuple[float, float]]):
+        self.intervals = intervals
+
+    def step(self, action: str) -> WorldStep:
+        from tinker_local.sandbox import run_python_sync
+
+        result = run_python_sync(SLEEPER)
+        self.intervals.append(_interval(result.stdout))
+        return WorldStep(observation="ok", reward=1.0, done=True)
+
+
+@pytest.fixture
+def four_sandboxes():
+    from tinker_local.sandbox import runner, set_concurrency
+
+    previous = runner._limit
+    set_concurrency(4)
+    yield
+    set_concurrency(previous)
+
+
+async def _score_while_ticking(steps) -> tuple[list, int]:
+    """Run the env steps concurrently while a ticker counts how often the loop got control."""
+    ticks = 0
+    done = False
+
+    async def ticker():
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0.02)
+
+    tick_task = asyncio.ensure_future(ticker())
+    try:
+        results = await asyncio.gather(*steps)
+    finally:
+        done = True
+        await tick_task
+    return results, ticks
+
+
+@pytest.mark.parametrize("problem_cls", [SandboxedAsyncProblem, SandboxedSyncProblem])
+def test_sandboxed_scoring_of_a_group_overlaps(tokenizer, four_sandboxes, problem_cls):
+    problem = problem_cls()
+    envs = [ProblemEnv(problem, tokenizer) for _ in range(4)]
+    eot = stop_token_ids(tokenizer)[0]
+
+    async def main():
+        for env in envs:
+            await env.initial_observation()
+        return await _score_while_ticking([env.step([eot]) for env in envs])
+
+    results, ticks = run(main())
+    assert [r.reward for r in results] == [1.0] * 4
+    assert len(problem.intervals) == 4
+    # Blocking scoring in the loop would run the four 1 s programs strictly one after another
+    # (overlap 1) and starve the ticker (at most one tick between two scorings).
+    assert _max_overlap(problem.intervals) >= 2, problem.intervals
+    assert ticks > 8, ticks  # the loop kept running during ~1-4 s of scoring
+
+
+def test_blocking_world_steps_run_off_the_loop(tokenizer, four_sandboxes):
+    intervals: list[tuple[float, float]] = []
+    envs = [WorldEnv(SandboxedWorld(intervals), tokenizer) for _ in range(3)]
+    eot = stop_token_ids(tokenizer)[0]
+
+    async def main():
+        for env in envs:
+            await env.initial_observation()
+        return await _score_while_ticking([env.step([eot]) for env in envs])
+
+    results, ticks = run(main())
+    assert all(r.episode_done and r.reward == 1.0 for r in results)
+    assert _max_overlap(intervals) >= 2, intervals
+    assert ticks > 8, ticks

@@ -3,10 +3,16 @@
 Tasks are written as `SingleTurnProblem` or `TextWorld` and know nothing about tokens. These
 wrappers render them with the tokenizer's chat template, hand the sampled token ids back
 untouched (they become the training data), and decode an action only to score it.
+
+Scoring never blocks the event loop: a problem's `score_async(answer)` / a world's
+`step_async(action)` is awaited when the task has one (the code tasks run their sandbox that
+way); otherwise the synchronous `score` / `step` runs in a worker thread. So the concurrent
+rollouts of a batch score concurrently instead of one after another.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,16 +31,35 @@ from tinker_local.rl.types import (
     Env,
     EnvGroupBuilder,
     RLDataset,
+    Score,
     SingleTurnProblem,
     StepResult,
     StopCondition,
     TextWorld,
+    WorldStep,
 )
 
 
 def decode_action(tokenizer: Any, action: Action) -> str:
     """The text a task scores: special tokens (end of turn) removed, outer whitespace stripped."""
     return tokenizer.decode(action, skip_special_tokens=True).strip()
+
+
+async def score_answer(problem: SingleTurnProblem, answer: str) -> Score:
+    """`await problem.score_async(answer)` when the problem has it, else `problem.score` in a
+    worker thread, so a slow (sandboxed) verifier never stalls the event loop."""
+    score_async = getattr(problem, "score_async", None)
+    if score_async is not None:
+        return await score_async(answer)
+    return await asyncio.to_thread(problem.score, answer)
+
+
+async def step_world(world: TextWorld, action: str) -> WorldStep:
+    """`await world.step_async(action)` when the world has it, else `world.step` in a thread."""
+    step_async = getattr(world, "step_async", None)
+    if step_async is not None:
+        return await step_async(action)
+    return await asyncio.to_thread(world.step, action)
 
 
 class ProblemEnv(Env):
@@ -53,7 +78,7 @@ class ProblemEnv(Env):
         if self._done:
             raise RuntimeError("ProblemEnv is single-use: step() was already called")
         self._done = True
-        score = self.problem.score(decode_action(self.tokenizer, action))
+        score = await score_answer(self.problem, decode_action(self.tokenizer, action))
         return StepResult(
             reward=float(score.reward), episode_done=True, metrics=dict(score.metrics)
         )
@@ -100,7 +125,7 @@ class WorldEnv(Env):
         if self._done:
             raise RuntimeError("WorldEnv: step() called after the episode ended")
         text = decode_action(self.tokenizer, action)
-        result = self.world.step(text)
+        result = await step_world(self.world, text)
         self._turns += 1
         metrics = dict(result.metrics)
         done = result.done or self._turns >= self.world.max_turns

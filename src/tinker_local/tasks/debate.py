@@ -30,6 +30,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from tinker_local.rl.problem_env import score_answer
 from tinker_local.rl.types import Message, SingleTurnProblem, TextWorld, WorldStep
 from tinker_local.tasks.code_answers import strip_thinking
 
@@ -85,16 +86,18 @@ class Verdict:
 
 
 class RuleJudge:
-    """The task's own verifier decides: the side whose final answer scores higher wins."""
+    """The task's own verifier decides: the side whose final answer scores higher wins.
+    (Scored with `score_async` when the task has it, else in a thread: never on the loop.)"""
 
     async def __call__(
         self, problem: SingleTurnProblem, a: Sequence[str], b: Sequence[str]
     ) -> Verdict:
-        scores = tuple(
-            problem.score(final_answer(side[-1]) if side else "").reward for side in (a, b)
+        results = await asyncio.gather(
+            *(score_answer(problem, final_answer(side[-1]) if side else "") for side in (a, b))
         )
+        scores = (results[0].reward, results[1].reward)
         winner = None if scores[0] == scores[1] else (0 if scores[0] > scores[1] else 1)
-        return Verdict(winner, scores)  # type: ignore[arg-type]
+        return Verdict(winner, scores)
 
 
 class ModelJudge:

@@ -18,7 +18,7 @@ import tinker
 
 from tinker_local.rendering import render_prompt, stop_token_ids
 from tinker_local.rl.problem_env import WorldEnv, decode_action
-from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem, StepResult
+from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem
 from tinker_local.tasks.debate import (
     DebaterWorld,
     Judge,
@@ -32,14 +32,10 @@ from tinker_local.tasks.debate import (
 
 
 class DebaterEnv(WorldEnv):
-    """A `WorldEnv` whose turn first hands the argument over and waits for the opponent's."""
+    """A `WorldEnv` over a `DebaterWorld`: `WorldEnv.step` awaits the world's `step_async`,
+    which hands the argument over and waits for the opponent's."""
 
     world: DebaterWorld
-
-    async def step(self, action: Action) -> StepResult:
-        self.world.submit(decode_action(self.tokenizer, action))
-        await self.world.wait_for_opponent()
-        return await super().step(action)
 
 
 class DebateGroupBuilder(EnvGroupBuilder):
