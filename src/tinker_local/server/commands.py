@@ -18,6 +18,9 @@ from tinker_local.embedded import add_loopback_to_no_proxy
 
 logger = logging.getLogger("tinker_local.server")
 
+# How often the official SDK sends /session_heartbeat.
+SDK_HEARTBEAT_S = 10
+
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device (default: best available)")
@@ -43,6 +46,14 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-queued", type=int, default=256, help="engine jobs queued before answering 429"
     )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=600,
+        metavar="SECONDS",
+        help="a session without a heartbeat for this long is finished: its models and samplers "
+        "are unloaded, its checkpoints kept (default 600; the SDK sends a heartbeat every 10 s)",
+    )
 
 
 def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
@@ -59,7 +70,21 @@ def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
     bad = [name for name, value in limits.items() if value < 1]
     if bad:
         raise ValueError(f"limits must be positive: {', '.join(bad)}")
-    return ServerSettings(api_keys=keys, database=config.home() / "server.sqlite3", **limits)
+    if not args.session_timeout > 0:
+        raise ValueError(f"--session-timeout must be positive, got {args.session_timeout:g}")
+    if args.session_timeout < SDK_HEARTBEAT_S * 3:
+        logger.warning(
+            "--session-timeout %gs: SDK clients send a heartbeat every %ds, so a live client "
+            "that misses one or two may have its models unloaded",
+            args.session_timeout,
+            SDK_HEARTBEAT_S,
+        )
+    return ServerSettings(
+        api_keys=keys,
+        database=config.home() / "server.sqlite3",
+        session_timeout_s=args.session_timeout,
+        **limits,
+    )
 
 
 def _lock_home() -> Any:
@@ -82,7 +107,7 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def serve_main(argv: list[str]) -> int:
+def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tinker-local serve",
         description="Serve the Tinker API from this machine for the official tinker SDK.",
@@ -101,9 +126,21 @@ def serve_main(argv: list[str]) -> int:
     )
     _limit_args(parser)
     _engine_args(parser)
+    return parser
+
+
+def serve_settings(args: argparse.Namespace, keys: list[str]) -> Any:
+    """ServerSettings from parsed `serve` arguments; ValueError names a bad one."""
+    from tinker_local.server.access import check_keys
+
+    return _settings(args, check_keys(keys))
+
+
+def serve_main(argv: list[str]) -> int:
+    parser = serve_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
-    from tinker_local.server.access import check_keys, read_keys_file
+    from tinker_local.server.access import read_keys_file
     from tinker_local.server.engine_api import EngineApi
     from tinker_local.server.runner import LocalServer
 
@@ -114,7 +151,7 @@ def serve_main(argv: list[str]) -> int:
         except OSError as exc:
             parser.error(f"cannot read --api-keys-file: {exc}")
     try:
-        settings = _settings(args, check_keys(keys))
+        settings = serve_settings(args, keys)
     except ValueError as exc:
         parser.error(str(exc))
     home_lock = _lock_home()

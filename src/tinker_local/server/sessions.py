@@ -16,7 +16,7 @@ from tinker import types
 
 from tinker_local.server.futures import user_failure
 from tinker_local.server.service import Service
-from tinker_local.server.state import Session
+from tinker_local.server.state import Session, remember
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -51,9 +51,11 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
         svc.store.finish_session(session.session_id, reason)
     model_ids = list(session.model_ids)
     sampler_ids = list(session.sampler_ids)
+    why = f"its session {session.session_id} finished ({reason})"
     for model_id in model_ids:
         model = svc.state.models.pop(model_id, None)
         if model is not None:
+            remember(svc.state.unloaded_models, model_id, (model.owner, why))
             # Requests still waiting for their turn will never run: tell their pollers.
             waiting = model.sequencer.waiting()
             model.sequencer.close()
@@ -64,7 +66,8 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
                         user_failure(f"session {session.session_id} finished ({reason})")
                     )
     for sid in sampler_ids:
-        svc.state.samplers.pop(sid, None)
+        if svc.state.samplers.pop(sid, None) is not None:
+            remember(svc.state.evicted_samplers, sid, why)
 
     def unload(engine: Any) -> None:
         # Queued behind the session's own work, so nothing is unloaded mid-request.
@@ -104,8 +107,11 @@ def expire_silent_sessions(svc: Service, now: float | None = None) -> list[str]:
 
 
 async def sweep_forever(svc: Service) -> None:
+    # Often enough that a short timeout (tests, `serve --session-timeout 5`) is honoured
+    # within half of it; never more than once a second.
+    every = max(1.0, min(SWEEP_EVERY_S, svc.settings.session_timeout_s / 2))
     while True:
-        await asyncio.sleep(SWEEP_EVERY_S)
+        await asyncio.sleep(every)
         try:
             expire_silent_sessions(svc)
         except Exception:

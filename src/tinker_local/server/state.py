@@ -39,8 +39,9 @@ def sampler_id(session_id: str, sampling_session_seq_id: int) -> str:
 REMEMBERED_SEQ_IDS = 10_000
 
 
-def remember(table: dict[int, Any], seq_id: int, value: Any) -> None:
-    table[seq_id] = value
+def remember(table: dict[Any, Any], key: Any, value: Any) -> None:
+    """table[key] = value, dropping the oldest entries past REMEMBERED_SEQ_IDS."""
+    table[key] = value
     while len(table) > REMEMBERED_SEQ_IDS:
         del table[next(iter(table))]
 
@@ -105,6 +106,8 @@ class ServerState:
         self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
         # model_id -> owner of training models that lived in an earlier server process.
         self.lost_models: dict[str, str] = {}
+        # model_id -> (owner, why) of training models unloaded with their finished session.
+        self.unloaded_models: dict[str, tuple[str, str]] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
         session = Session(new_session_id(), user_metadata)
@@ -123,6 +126,13 @@ class ServerState:
     def model(self, model_id: str) -> TrainingModel:
         model = self.models.get(model_id)
         if model is None:
+            owner, why = self.unloaded_models.get(model_id, ("", ""))
+            if owner == current_owner():
+                raise ApiError(
+                    410,
+                    f"model {model_id} was unloaded: {why}. Its checkpoints are kept: resume "
+                    "from one with create_training_client_from_state_with_optimizer(path)",
+                )
             if self.lost_models.get(model_id) == current_owner():
                 raise ApiError(
                     410,
