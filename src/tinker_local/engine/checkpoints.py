@@ -5,10 +5,11 @@
     adapter_model.safetensors    adapter_model.safetensors   (peft's key names)
     optimizer.pt (optional)      tinker_local.json
     tinker_local.json
+    value_head.safetensors (value models only: the scalar head, see value_head.py)
 
 Both are plain PEFT adapter folders (`peft.PeftModel.from_pretrained` loads either); the extra
 files are ignored by peft. `tinker_local.json` records the base model, the LoRA spec and the step
-count. Files are written under temporary names and renamed into place, so a crash mid-save never
+count (and the value head's kind, for a value model). Files are written under temporary names and renamed into place, so a crash mid-save never
 leaves a half-written file under a final name.
 """
 
@@ -31,6 +32,7 @@ META_FILE = "tinker_local.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
+VALUE_HEAD_FILE = "value_head.safetensors"
 META_FORMAT = 1
 
 
@@ -41,6 +43,7 @@ class CheckpointMeta:
     step: int = 0
     has_optimizer: bool = False
     kind: str = "state"  # "state" (save_state), "sampler" (save_sampler_weights), "peft" (foreign)
+    value_head: str | None = None  # the value head's kind when the folder holds one (extension)
 
 
 def save_adapter_folder(
@@ -49,8 +52,9 @@ def save_adapter_folder(
     lora_config: Any,
     meta: CheckpointMeta,
     optimizer_state: dict | None = None,
+    value_head_weights: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write a PEFT adapter folder (+ metadata, + optimizer state when given)."""
+    """Write a PEFT adapter folder (+ metadata, + optimizer state and value head when given)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -68,6 +72,14 @@ def save_adapter_folder(
         _atomic(directory / OPTIMIZER_FILE, lambda tmp: torch.save(optimizer_state, tmp))
     elif (directory / OPTIMIZER_FILE).exists():  # never pair new weights with stale moments
         (directory / OPTIMIZER_FILE).unlink()
+    if value_head_weights is not None:
+        head = {name: t.detach().to("cpu").contiguous() for name, t in value_head_weights.items()}
+        _atomic(
+            directory / VALUE_HEAD_FILE,
+            lambda tmp: save_file(head, str(tmp), metadata={"format": "pt"}),
+        )
+    elif (directory / VALUE_HEAD_FILE).exists():
+        (directory / VALUE_HEAD_FILE).unlink()
     record = {
         "format": META_FORMAT,
         "kind": meta.kind,
@@ -77,6 +89,8 @@ def save_adapter_folder(
         "step": meta.step,
         "has_optimizer": optimizer_state is not None,
     }
+    if value_head_weights is not None:
+        record["value_head"] = meta.value_head
     _atomic(directory / META_FILE, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
 
 
@@ -97,6 +111,7 @@ def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
                 step=int(record.get("step", 0)),
                 has_optimizer=bool(record.get("has_optimizer")) and _has_optimizer(directory),
                 kind=str(record.get("kind", "state")),
+                value_head=None if record.get("value_head") is None else str(record["value_head"]),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise user_error(f"{meta_path} is not a valid checkpoint record: {error}") from None
@@ -110,6 +125,19 @@ def load_adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
     path = Path(directory) / ADAPTER_WEIGHTS_FILE
     if not path.is_file():
         raise user_error(f"{directory} has no {ADAPTER_WEIGHTS_FILE}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise user_error(f"{path} is unreadable: {error}") from None
+
+
+def load_value_head_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(directory) / VALUE_HEAD_FILE
+    if not path.is_file():
+        raise user_error(f"{directory} records a value head but has no {VALUE_HEAD_FILE}")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as error:

@@ -11,6 +11,7 @@ Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,19 @@ from tinker_local.engine.logprobs import (
     activation_checkpointing,
     limit_heap_fragmentation,
     plan_micro_batches,
-    sequence_logprobs,
+    sequence_forward,
     split_causal_lm,
 )
-from tinker_local.engine.losses import elementwise_loss, get_loss_fn, prepare_data, resolve_config
+from tinker_local.engine.losses import (
+    check_call,
+    elementwise_loss,
+    get_loss_fn,
+    prepare_data,
+    resolve_config,
+)
 from tinker_local.engine.optimizer import AdapterOptimizer
 from tinker_local.engine.packing import PackedRow, plan_packed_rows
+from tinker_local.engine.value_head import METADATA_KEY, ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,7 @@ class ModelInfo:
     lora_rank: int
     tokenizer_path: str  # a local folder AutoTokenizer.from_pretrained can read
     lora: LoraSpec
+    value_head: str | None = None  # the value head's kind, for a value model (extension)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class _TrainingModel:
     base_model: str
     spec: LoraSpec
     optimizer: AdapterOptimizer
+    value_head: ValueHead | None = None
 
 
 @dataclass(frozen=True)
@@ -123,20 +133,28 @@ class Engine:
 
     # ---- training models ---------------------------------------------------------------------
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+    def create_model(
+        self, model_id: str, base_model: str, lora: LoraSpec, value_head: str | None = None
+    ) -> None:
+        """A LoRA training model; with `value_head` (a kind, "mlp") also a scalar value head on
+        its final hidden states, trained with the `value_mse` loss (tinker-local extension)."""
         if model_id in self._models:
             raise user_error(f"model {model_id!r} already exists")
         lora.validate()
+        if value_head is not None:
+            check_kind(value_head)
         base = self._base(base_model)
         key = _train_key(model_id)
         base.pool.create(key, lora)
-        optimizer = AdapterOptimizer(base.pool.parameters(key))
-        self._models[model_id] = _TrainingModel(base_model, lora, optimizer)
+        head = None if value_head is None else self._new_head(base, lora, value_head)
+        optimizer = AdapterOptimizer(_trainable(base.pool, key, head))
+        self._models[model_id] = _TrainingModel(base_model, lora, optimizer, head)
 
     def model_info(self, model_id: str) -> ModelInfo:
         model = self._model(model_id)
         folder = self._bases[model.base_model].loaded.folder
-        return ModelInfo(model.base_model, model.spec.rank, str(folder), model.spec)
+        kind = None if model.value_head is None else model.value_head.kind
+        return ModelInfo(model.base_model, model.spec.rank, str(folder), model.spec, kind)
 
     def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
@@ -154,7 +172,15 @@ class Engine:
         base = self._bases[model.base_model]
         loss = get_loss_fn(loss_fn)
         config = resolve_config(loss, loss_fn_config)
+        if loss.values and model.value_head is None:
+            raise user_error(
+                f"loss_fn {loss.name!r} needs a value model, and {model_id!r} has no value head; "
+                f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
+                "extension)"
+            )
         prepared = prepare_data(data, loss, base.vocab)  # all validation before any compute
+        check_call(loss, prepared, config, forward_only)
+        entropy = loss.needs_entropy(config)
         saved_grads = None if forward_only else [
             None if p.grad is None else p.grad.clone() for p in model.optimizer.params
         ]
@@ -180,29 +206,39 @@ class Engine:
                     batch_rows = [rows[r] for r in row_batch]
                     batch = [i for row in batch_rows for i in row.members]
                     local = {i: n for n, i in enumerate(batch)}
-                    logprobs = sequence_logprobs(
+                    computed = sequence_forward(
                         peft_model,
                         [sequences[i] for i in batch],
                         rows=[
                             PackedRow(tuple(local[i] for i in row.members), row.prefix)
                             for row in batch_rows
                         ],
+                        logprobs=not loss.values,
+                        entropy=entropy,
+                        value_head=model.value_head if loss.values else None,
                     )
+                    # A value loss reads the values where the others read logprobs.
+                    main = [c.values if loss.values else c.logprobs for c in computed]
                     losses = [
-                        elementwise_loss(loss, lp, prepared[i], config)
-                        for i, lp in zip(batch, logprobs)
+                        elementwise_loss(loss, x, prepared[i], config, entropy=c.entropy)
+                        for i, x, c in zip(batch, main, computed)
                     ]
                     batch_loss = torch.stack([token_losses.sum() for token_losses in losses]).sum()
                     if not forward_only:
                         batch_loss.backward()
                     total += float(batch_loss.detach())
-                    for i, lp, token_losses in zip(batch, logprobs, losses):
+                    name = "values" if loss.values else "logprobs"
+                    for i, x, c, token_losses in zip(batch, main, computed, losses):
                         outputs[i] = {
-                            "logprobs": types.TensorData.from_torch(lp.detach().float().cpu()),
+                            name: types.TensorData.from_torch(x.detach().float().cpu()),
                             "elementwise_loss": types.TensorData.from_torch(
                                 token_losses.detach().float().cpu()
                             ),
                         }
+                        if c.entropy is not None:
+                            outputs[i]["entropy"] = types.TensorData.from_torch(
+                                c.entropy.detach().float().cpu()
+                            )
         except BaseException:
             if saved_grads is not None:  # all or nothing: drop this call's partial gradients
                 for param, grad in zip(model.optimizer.params, saved_grads):
@@ -226,6 +262,9 @@ class Engine:
         self._save(model_id, directory, "sampler", None)
 
     def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
+        """Load weights (and the optimizer) saved by `save_state`. A checkpoint with a value head
+        gives the model one (so creating a model from a value model's state makes a value
+        model); a value model loading a checkpoint without a head keeps its own head."""
         model = self._model(model_id)
         meta = checkpoints.read_checkpoint_meta(Path(directory))
         if meta.base_model != model.base_model:
@@ -235,18 +274,27 @@ class Engine:
             )
         # Read everything first, so a bad file leaves the model untouched.
         weights = checkpoints.load_adapter_weights(Path(directory))
+        head_state = (
+            checkpoints.load_value_head_weights(Path(directory)) if meta.value_head else None
+        )
         optimizer_state = (
             checkpoints.load_optimizer_state(Path(directory)) if with_optimizer else None
         )
-        pool = self._bases[model.base_model].pool
+        base = self._bases[model.base_model]
+        pool = base.pool
         key = _train_key(model_id)
-        fresh = AdapterOptimizer(pool.parameters(key))
+        head = model.value_head
+        if meta.value_head is not None:  # into a new module: the model's own stays as it was
+            head = self._new_head(base, model.spec, meta.value_head)  # until all is loaded
+            head.load(head_state)
+        fresh = AdapterOptimizer(_trainable(pool, key, head))
         if optimizer_state is not None:
             fresh.load_state_dict(optimizer_state)
         pool.load_state_dict(key, weights)
         if optimizer_state is None:
             fresh.steps = meta.step
         model.optimizer = fresh
+        model.value_head = head
 
     def unload_model(self, model_id: str) -> None:
         model = self._model(model_id)
@@ -382,13 +430,39 @@ class Engine:
         model = self._model(model_id)
         pool = self._bases[model.base_model].pool
         key = _train_key(model_id)
+        # The sampler folder is a plain policy adapter: a sampler has no use for the value head.
+        head = model.value_head if kind == "state" else None
         meta = CheckpointMeta(
             base_model=model.base_model,
             lora=model.spec,
             step=model.optimizer.steps,
             has_optimizer=optimizer_state is not None,
             kind=kind,
+            value_head=None if head is None else head.kind,
         )
         checkpoints.save_adapter_folder(
-            Path(directory), pool.state_dict(key), pool.config(key), meta, optimizer_state
+            Path(directory),
+            pool.state_dict(key),
+            pool.config(key),
+            meta,
+            optimizer_state,
+            value_head_weights=None if head is None else head.state(),
         )
+
+    @staticmethod
+    def _new_head(base: _Base, lora: LoraSpec, kind: str) -> ValueHead:
+        parts = split_causal_lm(base.pool.model)
+        inner = parts.head.get_base_layer() if hasattr(parts.head, "get_base_layer") else parts.head
+        hidden_size = int(inner.weight.shape[1])
+        seed = lora.seed if lora.seed is not None else secrets.randbits(62)
+        return ValueHead(hidden_size, kind=kind, seed=seed).to(inner.weight.device)
+
+
+def _trainable(
+    pool: AdapterPool, key: str, head: ValueHead | None
+) -> dict[str, torch.nn.Parameter]:
+    """A training model's parameters by stable name: the LoRA's, then the value head's."""
+    params = dict(pool.parameters(key))
+    if head is not None:
+        params.update(head.named_trainable())
+    return params

@@ -98,13 +98,23 @@ def plan_micro_batches(
 
 
 def _gathered_logprobs(
-    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, softcap: float | None
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    softcap: float | None,
+    entropy: bool = False,
 ) -> torch.Tensor:
-    """log p(target) for a chunk: [C, H] hidden, [C, K] targets -> [C, K] float32."""
+    """log p(target) for a chunk: [C, H] hidden, [C, K] targets -> [C, K] float32; with
+    `entropy`, one more column: the entropy of the full-vocabulary distribution at each position."""
     logits = head(hidden).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+    gathered = logits.gather(-1, targets) - normaliser
+    if not entropy:
+        return gathered
+    log_p = logits - normaliser
+    return torch.cat([gathered, -(log_p.exp() * log_p).sum(-1, keepdim=True)], dim=-1)
 
 
 def chunked_logprobs(
@@ -112,13 +122,18 @@ def chunked_logprobs(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+    *,
+    entropy: bool = False,
 ) -> torch.Tensor:
-    """log p(targets) for [n, H] hidden states and [n, K] targets, chunk by chunk of positions."""
+    """log p(targets) for [n, H] hidden states and [n, K] targets, chunk by chunk of positions.
+    With `entropy`, the result has K + 1 columns, the last the entropy per position."""
     chunk = max(1, chunk_elements // parts.vocab)
     needs_graph = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in parts.head.parameters())
     )
-    compute = functools.partial(_gathered_logprobs, parts.head, softcap=parts.softcap)
+    compute = functools.partial(
+        _gathered_logprobs, parts.head, softcap=parts.softcap, entropy=entropy
+    )
     pieces = []
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
@@ -128,8 +143,18 @@ def chunked_logprobs(
         else:
             pieces.append(compute(h, t))
     if not pieces:
-        return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+        width = targets.shape[1] + (1 if entropy else 0)
+        return torch.zeros((targets.shape[0], width), dtype=torch.float32, device=hidden.device)
     return torch.cat(pieces)
+
+
+@dataclass
+class SequenceOutputs:
+    """What one forward pass computed for one sequence (float32; differentiable under grad)."""
+
+    logprobs: torch.Tensor | None  # [L] or [L, K]; None when not asked for
+    values: torch.Tensor | None = None  # [L]: the value head at every position
+    entropy: torch.Tensor | None = None  # [L]: full-vocabulary entropy at every position
 
 
 def sequence_logprobs(
@@ -147,6 +172,27 @@ def sequence_logprobs(
     chooses with `torch.no_grad()` or not). Each result has its sequence's target shape: [L] or
     [L, K].
     """
+    outputs = sequence_forward(
+        model, sequences, rows=rows, pad_token_id=pad_token_id, chunk_elements=chunk_elements
+    )
+    return [out.logprobs for out in outputs]
+
+
+def sequence_forward(
+    model: nn.Module,
+    sequences: list[Sequence],
+    *,
+    rows: list[PackedRow] | None = None,
+    pad_token_id: int = 0,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+    logprobs: bool = True,
+    entropy: bool = False,
+    value_head: nn.Module | None = None,
+) -> list[SequenceOutputs]:
+    """`sequence_logprobs`, plus optionally per-position entropy (computed inside the same
+    chunked unembedding pass, from the full-vocabulary log-softmax) and per-position values from
+    `value_head` applied to the final hidden states. With `logprobs=False` (and no entropy) the
+    unembedding is skipped entirely (a value-only pass)."""
     if not sequences:
         return []
     rows = rows or [PackedRow((i,), 0) for i in range(len(sequences))]
@@ -187,25 +233,50 @@ def sequence_logprobs(
 
     # Segments with the same number of targets per position share one chunked pass.
     computed: list[torch.Tensor | None] = [None] * len(segments)
-    by_width: dict[int, list[int]] = {}
-    for index, (_, targets) in enumerate(segments):
-        by_width.setdefault(int(targets.shape[1]), []).append(index)
-    for indices in by_width.values():
-        flat_hidden = torch.cat([segments[i][0] for i in indices])
-        flat_targets = torch.cat([segments[i][1] for i in indices]).to(device)
-        flat = chunked_logprobs(parts, flat_hidden, flat_targets, chunk_elements)
-        for i, piece in zip(indices, flat.split([segments[i][0].shape[0] for i in indices])):
-            computed[i] = piece
+    if logprobs or entropy:
+        by_width: dict[int, list[int]] = {}
+        for index, (_, targets) in enumerate(segments):
+            by_width.setdefault(int(targets.shape[1]), []).append(index)
+        for indices in by_width.values():
+            flat_hidden = torch.cat([segments[i][0] for i in indices])
+            flat_targets = torch.cat([segments[i][1] for i in indices]).to(device)
+            flat = chunked_logprobs(
+                parts, flat_hidden, flat_targets, chunk_elements, entropy=entropy
+            )
+            for i, piece in zip(indices, flat.split([segments[i][0].shape[0] for i in indices])):
+                computed[i] = piece
+
+    # Values: the head on each sequence's own hidden states (a packed prefix is read by every
+    # member, so its gradient reaches the one shared copy from each of them).
+    values: list[torch.Tensor] | None = None
+    if value_head is not None:
+        own_hidden = []
+        for m in range(len(sequences)):
+            pieces = [segments[prefix_piece[m][0]][0]] if m in prefix_piece else []
+            pieces.append(segments[suffix_piece[m]][0])
+            own_hidden.append(torch.cat(pieces))
+        flat_values = value_head(torch.cat(own_hidden))
+        values = list(flat_values.split([h.shape[0] for h in own_hidden]))
 
     results = []
     for m, seq in enumerate(sequences):
-        pieces = []
-        if m in prefix_piece:
-            index, column = prefix_piece[m]
-            pieces.append(computed[index][:, column : column + seq.width])
-        pieces.append(computed[suffix_piece[m]])
-        logprobs = torch.cat(pieces)
-        results.append(logprobs if seq.targets.ndim == 2 else logprobs.squeeze(-1))
+        lp = ent = None
+        if logprobs or entropy:
+            lp_pieces, ent_pieces = [], []
+            if m in prefix_piece:
+                index, column = prefix_piece[m]
+                lp_pieces.append(computed[index][:, column : column + seq.width])
+                ent_pieces.append(computed[index][:, -1])
+            lp_pieces.append(computed[suffix_piece[m]][:, : seq.width])
+            ent_pieces.append(computed[suffix_piece[m]][:, -1])
+            if logprobs:
+                lp = torch.cat(lp_pieces)
+                lp = lp if seq.targets.ndim == 2 else lp.squeeze(-1)
+            if entropy:
+                ent = torch.cat(ent_pieces)
+        results.append(
+            SequenceOutputs(lp, None if values is None else values[m], ent)
+        )
     return results
 
 

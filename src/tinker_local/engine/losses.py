@@ -15,6 +15,14 @@ Per token, with r = exp(log p - log q) and A the advantage:
 ppo and cispo read `clip_low_threshold` / `clip_high_threshold` from `loss_fn_config`; a datum may
 also carry them as per-token `loss_fn_inputs` tensors (the SDK knows those keys), which then win.
 The docs give no default `beta` for dro; 0.05 is the value all their examples use.
+
+tinker-local extensions (the hosted service has neither):
+  ppo + entropy_coef   ... - entropy_coef * w * H(p)   H: the full-vocabulary entropy at the
+                       position (computed in the chunked unembedding pass, differentiable);
+                       w = `weights`, required when entropy_coef > 0 (the action-token mask)
+  value_mse            0.5 * w * (V - returns)^2      V: the model's value head (see value_head);
+                       `returns` is required for forward_backward, optional for forward (reading
+                       values only); `weights` optional (default 1). Outputs `values`, not logprobs.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ KNOWN_INPUT_KEYS = frozenset(
         "sequence_ratio_mask",
     }
 )
+# Extension keys: send them as numpy/torch arrays or TensorData (the SDK only infers dtypes of
+# plain lists for the keys above).
+EXTENSION_INPUT_KEYS = frozenset({"returns"})
 _CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
 
 
@@ -57,6 +68,14 @@ class LossFn:
     ignored: tuple[str, ...] = ()
     config_defaults: dict[str, float] = field(default_factory=dict)
     top_k_targets: bool = False  # (N, K) target_tokens allowed
+    # A value loss: its elementwise function receives the value head's per-position values in
+    # place of logprobs, and the model must have a value head.
+    values: bool = False
+    # Inputs that a forward_backward needs but a forward-only call may leave out.
+    required_for_backward: tuple[str, ...] = ()
+
+    def needs_entropy(self, config: Mapping[str, float]) -> bool:
+        return config.get("entropy_coef", 0.0) > 0
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,18 @@ def _ppo(logprobs: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> torc
     ratio, advantages = _ratio(logprobs, x), x["advantages"]
     low, high = _clip_bounds(ratio, x, config)
     clipped = torch.clamp(ratio, low, high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    if config.get("entropy_coef", 0.0) > 0:  # the caller supplies x["entropy"] (see engine)
+        loss = loss - config["entropy_coef"] * x["weights"] * x["entropy"]
+    return loss
+
+
+def _value_mse(values: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    if "returns" not in x:  # forward-only read of the values
+        return torch.zeros_like(values)
+    weights = x.get("weights")
+    squared = 0.5 * (values - x["returns"]) ** 2
+    return squared if weights is None else weights * squared
 
 
 def _cispo(logprobs: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> torch.Tensor:
@@ -115,14 +145,20 @@ LOSS_FNS: dict[str, LossFn] = {
         LossFn("cross_entropy", _cross_entropy, required=("weights",), top_k_targets=True),
         LossFn("importance_sampling", _importance_sampling, _RL_INPUTS, ignored=("weights",)),
         LossFn(
-            "ppo", _ppo, _RL_INPUTS, optional=_CLIP_KEYS, ignored=("weights",),
-            config_defaults={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+            "ppo", _ppo, _RL_INPUTS, optional=(*_CLIP_KEYS, "weights"),
+            config_defaults={
+                "clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "entropy_coef": 0.0
+            },
         ),
         LossFn(
             "cispo", _cispo, _RL_INPUTS, optional=_CLIP_KEYS, ignored=("weights",),
             config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
         ),
         LossFn("dro", _dro, _RL_INPUTS, ignored=("weights",), config_defaults={"beta": 0.05}),
+        LossFn(
+            "value_mse", _value_mse, (), optional=("returns", "weights"), values=True,
+            required_for_backward=("returns",),
+        ),
     )
 }
 
@@ -156,15 +192,45 @@ def resolve_config(loss: LossFn, config: Mapping[str, object] | None) -> dict[st
             )
     if resolved.get("beta", 0.0) < 0:
         raise user_error(f"loss_fn_config['beta'] must be >= 0, got {resolved['beta']}")
+    if resolved.get("entropy_coef", 0.0) < 0:
+        raise user_error(
+            f"loss_fn_config['entropy_coef'] must be >= 0, got {resolved['entropy_coef']}"
+        )
     return resolved
 
 
+def check_call(
+    loss: LossFn, data: list[PreparedDatum], config: Mapping[str, float], forward_only: bool
+) -> None:
+    """Requirements that depend on the call, not on one datum alone."""
+    needed = [] if forward_only else list(loss.required_for_backward)
+    if loss.needs_entropy(config):
+        needed.append("weights")
+    for index, datum in enumerate(data):
+        for key in needed:
+            if key not in datum.inputs:
+                why = (
+                    "the entropy bonus (entropy_coef > 0) applies only where weights > 0"
+                    if key == "weights" else f"forward_backward with {loss.name} trains on it"
+                )
+                raise datum_error(index, f"loss_fn_inputs[{key!r}]", f"is missing; {why}")
+
+
 def elementwise_loss(
-    loss: LossFn, logprobs: torch.Tensor, datum: PreparedDatum, config: Mapping[str, float]
+    loss: LossFn,
+    logprobs: torch.Tensor,
+    datum: PreparedDatum,
+    config: Mapping[str, float],
+    *,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token loss, the same shape as `logprobs` (its sum is the datum's loss)."""
+    """Per-token loss, the same shape as `logprobs` (its sum is the datum's loss). For a value
+    loss, `logprobs` are the value head's values; `entropy` is needed when
+    `loss.needs_entropy(config)`."""
     device = logprobs.device
     inputs = {k: v.to(device) for k, v in datum.inputs.items() if k != "target_tokens"}
+    if entropy is not None:
+        inputs["entropy"] = entropy
     return loss.elementwise(logprobs, inputs, config)
 
 
@@ -283,6 +349,7 @@ __all__ = [
     "EngineError",
     "LossFn",
     "PreparedDatum",
+    "check_call",
     "elementwise_loss",
     "get_loss_fn",
     "prepare_data",

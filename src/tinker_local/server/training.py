@@ -27,6 +27,9 @@ from tinker_local.server.sequencer import SeqSequencer
 from tinker_local.server.service import Service
 from tinker_local.server.state import TrainingModel, training_model_id
 
+# The create_model user_metadata key that asks for a value model (see engine/value_head.py).
+VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
+
 # get_info waits this long for a model still being created before telling the SDK to retry.
 GET_INFO_WAIT_S = 50.0
 
@@ -158,10 +161,15 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
     if not new:
         return model.creation
     model_id = model.model_id
+    # tinker-local extension: user_metadata {"tinker_local.value_head": "mlp"} asks the engine
+    # for a value model (LoRA + scalar head, trained with loss_fn "value_mse"). Passed only when
+    # asked for, so engines without the extension keep their three-argument create_model.
+    value_head = (req.user_metadata or {}).get(VALUE_HEAD_METADATA_KEY)
+    extra = {} if value_head is None else {"value_head": value_head}
 
     def job(engine: Any) -> Any:
         try:
-            engine.create_model(model_id, req.base_model, lora)
+            engine.create_model(model_id, req.base_model, lora, **extra)
             return engine.model_info(model_id)
         except BaseException as exc:
             model.creation_error = str(exc)
