@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from tinker_local.server import rest, sampling, sessions, training, weights
+from tinker_local.server import rest, restore_samplers, sampling, sessions, training, weights
 from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord, wait_for_result
@@ -216,11 +216,14 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.get("/api/v1/samplers/{sampler_id}")
     async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        await restore_samplers.ensure_sampler(svc, sampler_id)
         return sampling.get_sampler(svc, sampler_id)
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SampleRequest, "asample")
+        # A sampler made before a restart is loaded again first (or answers 410).
+        await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
         return sampling.asample(svc, req)
 
     # -- RestClient reads ----------------------------------------------------------------------

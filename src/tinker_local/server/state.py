@@ -108,6 +108,10 @@ class ServerState:
         self.lost_models: dict[str, str] = {}
         # model_id -> (owner, why) of training models unloaded with their finished session.
         self.unloaded_models: dict[str, tuple[str, str]] = {}
+        # Samplers of an earlier server process (store.StoredSampler by id), loaded again on
+        # first use, and those loads in flight (see restore_samplers.py).
+        self.restorable_samplers: dict[str, Any] = {}
+        self.sampler_restores: dict[str, asyncio.Task[None]] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
         session = Session(new_session_id(), user_metadata)

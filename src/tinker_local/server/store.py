@@ -4,6 +4,8 @@ Sessions, training models (base model, LoRA rank, owner), sampling sessions and 
 their results are written as they happen. After a restart on the same home:
 - sessions come back (heartbeats keep working); their models do not, since the weights since
   the last checkpoint were in memory: calls naming them get a 410 that says how to resume;
+- samplers on a base model or a saved sampler checkpoint are loaded again when first used;
+  samplers on an in-memory snapshot answer a 410 that says what to do instead;
 - finished futures are still retrievable; futures that were in flight when the process died
   are marked interrupted, and retrieving them answers a clear error instead of hanging;
 - training runs are listed (with their checkpoints, which live on disk).
@@ -34,7 +36,7 @@ CREATE TABLE IF NOT EXISTS models (
     base_model TEXT NOT NULL, lora_rank INTEGER, user_metadata TEXT, created_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS samplers (
     sampler_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
-    base_model TEXT NOT NULL, model_path TEXT, created_at REAL NOT NULL);
+    base_model TEXT NOT NULL, model_path TEXT, created_at REAL NOT NULL, kind TEXT);
 CREATE TABLE IF NOT EXISTS futures (
     request_id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL,
     state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
@@ -61,6 +63,22 @@ class StoredRun:
     created_at: float
 
 
+# What a sampler's weights were: a bare base model, a saved sampler checkpoint (both can be
+# loaded again after a restart), or an in-memory snapshot of a training model (gone with the
+# process that held it). Rows from before this column existed have kind NULL.
+SAMPLER_KINDS = ("base", "checkpoint", "snapshot")
+
+
+@dataclass(frozen=True)
+class StoredSampler:
+    sampler_id: str
+    session_id: str
+    owner: str
+    base_model: str
+    model_path: str | None
+    kind: str | None
+
+
 @dataclass(frozen=True)
 class StoredSession:
     session_id: str
@@ -78,6 +96,13 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add columns that stores written by older versions lack."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(samplers)")}
+        if "kind" not in columns:
+            self._db.execute("ALTER TABLE samplers ADD COLUMN kind TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -138,11 +163,21 @@ class Store:
         )
 
     def add_sampler(
-        self, sampler_id: str, session_id: str, owner: str, base_model: str, path: str | None
+        self,
+        sampler_id: str,
+        session_id: str,
+        owner: str,
+        base_model: str,
+        path: str | None,
+        kind: str | None = None,
     ) -> None:
+        """`kind` defaults to "checkpoint" with a path, else "base"; snapshots must say so."""
+        kind = kind or ("checkpoint" if path else "base")
+        assert kind in SAMPLER_KINDS, kind
         self._run(
-            "INSERT OR REPLACE INTO samplers VALUES (?, ?, ?, ?, ?, ?)",
-            (sampler_id, session_id, owner, base_model, path, time.time()),
+            "INSERT OR REPLACE INTO samplers (sampler_id, session_id, owner, base_model, "
+            "model_path, created_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (sampler_id, session_id, owner, base_model, path, time.time(), kind),
         )
 
     def add_future(self, request_id: str, owner: str, kind: str) -> None:
@@ -173,6 +208,14 @@ class Store:
     def model_owners(self) -> dict[str, str]:
         return dict(self._run("SELECT model_id, owner FROM models"))
 
+    def open_samplers(self) -> list[StoredSampler]:
+        """Samplers of sessions that were not finished."""
+        rows = self._run(
+            "SELECT s.sampler_id, s.session_id, s.owner, s.base_model, s.model_path, s.kind "
+            "FROM samplers s JOIN sessions USING (session_id) WHERE sessions.finished IS NULL"
+        )
+        return [StoredSampler(*row) for row in rows]
+
     def runs(self, owner: str) -> dict[str, StoredRun]:
         rows = self._run(
             "SELECT model_id, session_id, owner, base_model, lora_rank, user_metadata, "
@@ -196,6 +239,8 @@ def restore(state: Any, store: Store) -> None:
             created_at=stored.created_at,
         )
     state.lost_models = store.model_owners()
+    # Loaded back into the engine on first use (restore_samplers.py), not all at start.
+    state.restorable_samplers = {s.sampler_id: s for s in store.open_samplers()}
     logger.debug(
         "restored %d sessions from %s; %d requests that were in flight are marked interrupted",
         len(state.sessions),

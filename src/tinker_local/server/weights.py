@@ -134,7 +134,9 @@ def _snapshot_sampler(
         session.sampler_ids.append(new_id)
         _evict_old_snapshots(svc, model.model_id)
         if svc.store is not None:
-            svc.store.add_sampler(new_id, session.session_id, session.owner, str(base_model), None)
+            svc.store.add_sampler(
+                new_id, session.session_id, session.owner, str(base_model), None, "snapshot"
+            )
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
 
     return svc.submit_ordered(
