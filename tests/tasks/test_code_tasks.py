@@ -14,7 +14,12 @@ from tinker_local.sandbox import SandboxConfig, run_python_sync
 from tinker_local.tasks import abduction, deduction
 from tinker_local.tasks.code_answers import extract_code, extract_tagged, outputs_match
 from tinker_local.tasks.program_bank import FAMILIES, generate_program
-from tinker_local.tasks.rl_python import find_rl_python, load_rl_python, stdin_stdout_cases
+from tinker_local.tasks.rl_python import (
+    find_rl_python,
+    function_call_cases,
+    load_rl_python,
+    stdin_stdout_cases,
+)
 
 FAST = SandboxConfig(timeout_s=3.0, memory_bytes=256 << 20)
 
@@ -197,3 +202,112 @@ def test_rl_python_missing_is_a_clear_error(tmp_path: Path, monkeypatch) -> None
     monkeypatch.delenv("TINKER_LOCAL_RL_PYTHON", raising=False)
     with pytest.raises(FileNotFoundError, match="builtin"):
         abduction.make_problems("train", 2, source="rl-python")
+
+
+# --- function-call test cases (rl-python `function_call`, APPS-style fallback) ----------------
+
+
+def test_function_call_cases_are_parsed_in_both_shapes() -> None:
+    row = {
+        "verification_info": json.dumps(
+            {
+                "test_cases": [
+                    {"type": "function_call", "fn_name": "add", "input": [1, 2], "output": [3]},
+                    {
+                        "type": "function_call",
+                        "fn_name": "add",
+                        "input": "[[1], [2]]",
+                        "output": [[1, 2]],
+                    },
+                    {"type": "function_call", "fn_name": "other", "input": [0], "output": [0]},
+                ]
+            }
+        )
+    }
+    assert function_call_cases(row) == ("add", [("[1, 2]", "3"), ("[[1], [2]]", "[1, 2]")])
+    apps = {"test_cases": "{'fn_name': 'f', 'inputs': [[2], ['a']], 'outputs': [[4], 'aa']}"}
+    assert function_call_cases(apps) == ("f", [("[2]", "4"), ('["a"]', '"aa"')])
+    assert function_call_cases({"verification_info": "{not json"}) == (None, [])
+    bad_name = {
+        "test_cases": [{"type": "function_call", "fn_name": "a b", "input": [], "output": 1}]
+    }
+    assert function_call_cases(bad_name) == (None, [])
+    stdin_only = {"test_cases": [{"type": "stdin_stdout", "input": "1", "output": "1"}]}
+    assert function_call_cases(stdin_only) == (None, [])
+
+
+def _function_problem(tmp_path: Path, monkeypatch) -> deduction.DeductionProblem:
+    monkeypatch.setattr("tinker_local.tasks.rl_python.in_split", lambda i, s: s == "train")
+    cases = [
+        {
+            "type": "function_call",
+            "fn_name": "pair_sum",
+            "input": [[1, 2, 3], 4],
+            "output": [[0, 2]],
+        },
+        {"type": "function_call", "fn_name": "pair_sum", "input": [[5, 5], 10], "output": [[0, 1]]},
+        {
+            "type": "function_call",
+            "fn_name": "pair_sum",
+            "input": [[3, 2, 4], 6],
+            "output": [[1, 2]],
+        },
+    ]
+    rows = [
+        {
+            "prompt": "Return the indices of two numbers that add up to target.",
+            "verification_info": json.dumps({"test_cases": cases}),
+        },
+    ]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (problem,) = deduction.make_problems(
+        "train", 5, source="rl-python", path=tmp_path / "data.jsonl", sandbox=FAST
+    )
+    return problem
+
+
+def test_function_call_problem_calls_the_function_and_compares_values(tmp_path, monkeypatch):
+    p = _function_problem(tmp_path, monkeypatch)
+    assert p.fn_name == "pair_sum"
+    prompt = p.messages()[-1]["content"]
+    assert "`pair_sum([1, 2, 3], 4)` returns `[0, 2]`" in prompt and "Solution" in prompt
+    good = (
+        "```python\ndef pair_sum(nums, target):\n    print('debug output is fine')\n"
+        "    seen = {}\n    for i, x in enumerate(nums):\n        if target - x in seen:\n"
+        "            return (seen[target - x], i)\n        seen[x] = i\n```"
+    )  # a tuple equals the expected JSON list
+    assert p.score(good).reward == 1.0
+    assert asyncio.run(p.score_async(good)).reward == 1.0
+    method = (
+        "```python\nclass Solution:\n    def pair_sum(self, nums, target):\n"
+        "        return [i for i in range(len(nums)) for j in range(i + 1, len(nums))"
+        " if nums[i] + nums[j] == target][:1] + [j for i in range(len(nums))"
+        " for j in range(i + 1, len(nums)) if nums[i] + nums[j] == target][:1]\n```"
+    )
+    assert p.score(method).reward == 1.0
+    # Hard-codes the two shown examples: the hidden third call fails on its value.
+    cheat = (
+        "```python\ndef pair_sum(nums, target):\n    return [0, 2] if target == 4 else [0, 1]\n```"
+    )
+    s = p.score(cheat)
+    assert s.reward == 0.0 and s.metrics["fail_output"] == 1.0
+    assert s.metrics["tests_passed_frac"] == pytest.approx(2 / 3)
+    # Printing the expected value instead of returning it doesn't count.
+    printer = "```python\ndef pair_sum(nums, target):\n    print([0, 2])\n```"
+    assert p.score(printer).metrics["fail_output"] == 1.0
+    missing = p.score("```python\ndef other(nums, target):\n    return [0, 2]\n```")
+    assert missing.reward == 0.0 and missing.metrics["fail_error"] == 1.0
+    hostile = p.score("```python\nimport os\ndef pair_sum(n, t):\n    os.system('ls')\n```")
+    assert hostile.metrics["fail_blocked"] == 1.0
+
+
+def test_shared_loader_names_the_task_in_errors() -> None:
+    from tinker_local.tasks.code_answers import load_code_programs
+
+    with pytest.raises(ValueError, match="abduction: split"):
+        abduction.make_problems("dev", 1)
+    with pytest.raises(ValueError, match="deduction: source"):
+        deduction.make_problems("train", 1, source="web")
+    a = load_code_programs("deduction", "train", 3, seed=0, source="builtin", path=None, n_tests=2)
+    assert [p.statement for p in a] == [p.statement for p in deduction.make_problems("train", 3)]
+    assert all(len(p.tests) == 2 for p in a)

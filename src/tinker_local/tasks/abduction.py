@@ -14,28 +14,28 @@ Defaults: sandbox timeout 5 s, 512 MiB. `score` blocks; `score_async` awaits the
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinker_local.rl.types import Message, Score, SingleTurnProblem
-from tinker_local.sandbox import SandboxConfig, SandboxResult, run_python, run_python_sync
+from tinker_local.sandbox import SandboxConfig, SandboxResult
 from tinker_local.tasks.code_answers import (
+    SandboxRun,
+    SandboxScored,
     extract_tagged,
     failure,
+    load_code_programs,
     outcome_metrics,
     outputs_match,
     run_failure,
 )
-from tinker_local.tasks.program_bank import generate_program
-from tinker_local.tasks.rl_python import load_rl_python
 
 DEFAULT_SANDBOX = SandboxConfig(timeout_s=5.0, memory_bytes=512 << 20)
 SYSTEM_PROMPT = "You are an expert Python programmer who reasons carefully about code."
 
 
 @dataclass
-class AbductionProblem(SingleTurnProblem):
+class AbductionProblem(SandboxScored, SingleTurnProblem):
     program: str
     expected_output: str
     reference_input: str | None = None
@@ -52,28 +52,24 @@ class AbductionProblem(SingleTurnProblem):
         )
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
-    def _stdin(self, answer: str) -> str | None:
+    # SandboxScored: the answer is the program's stdin; one run decides.
+    def parse_answer(self, answer: str) -> str | None:
         text = extract_tagged(answer, "INPUT")
         return None if text is None else text + "\n"
 
-    def _judge(self, result: SandboxResult) -> Score:
+    def sandbox_runs(self, stdin: str) -> list[SandboxRun]:
+        return [SandboxRun(self.program, stdin)]
+
+    def passed(self, index: int, result: SandboxResult) -> bool:
+        return result.ok and outputs_match(self.expected_output, result.stdout)
+
+    def verdict(self, results: list[SandboxResult]) -> Score:
+        (result,) = results
         if not result.ok:
             return run_failure(result)
-        if outputs_match(self.expected_output, result.stdout):
+        if self.passed(0, result):
             return Score(1.0, outcome_metrics())
         return failure("output")
-
-    def score(self, answer: str) -> Score:
-        stdin = self._stdin(answer)
-        if stdin is None:
-            return failure("format")
-        return self._judge(run_python_sync(self.program, stdin=stdin, config=self.sandbox))
-
-    async def score_async(self, answer: str) -> Score:
-        stdin = self._stdin(answer)
-        if stdin is None:
-            return failure("format")
-        return self._judge(await run_python(self.program, stdin=stdin, config=self.sandbox))
 
     def reference_answer(self) -> str | None:
         if self.reference_input is None:
@@ -91,21 +87,8 @@ def make_problems(
     sandbox: SandboxConfig | None = None,
 ) -> list[AbductionProblem]:
     """`n` problems (default 500 train / 100 test). Built-in splits use disjoint seeds."""
-    if split not in ("train", "test"):
-        raise ValueError(f"abduction: split must be 'train' or 'test', got {split!r}")
-    count = n if n is not None else (500 if split == "train" else 100)
+    programs = load_code_programs(
+        "abduction", split, n, seed=seed, source=source, path=path, n_tests=1
+    )
     config = sandbox or DEFAULT_SANDBOX
-    if source == "rl-python":
-        programs = load_rl_python("abduction", split=split, limit=count, path=path)
-    elif source == "builtin":
-        programs = [
-            generate_program(random.Random(f"abduction-{split}-{seed}-{i}"), n_tests=1)
-            for i in range(count)
-        ]
-    else:
-        raise ValueError(f"abduction: source must be 'builtin' or 'rl-python', got {source!r}")
-    return [
-        AbductionProblem(p.source, p.tests[0][1], p.tests[0][0], config)
-        for p in programs
-        if p.tests
-    ]
+    return [AbductionProblem(p.source, p.tests[0][1], p.tests[0][0], config) for p in programs]

@@ -1,16 +1,25 @@
-"""Pulling code and inputs out of model answers, and comparing program outputs.
+"""Pulling code and inputs out of model answers, comparing program outputs, and the prologue
+the sandbox-verified tasks share.
 
-Shared by the code tasks (abduction, deduction, repository repair). Every function here takes
-arbitrary model text and never raises.
+Shared by the code tasks (abduction, deduction, repository repair). Every text function here
+takes arbitrary model text and never raises. `SandboxScored` is the common `score` /
+`score_async` of abduction and deduction (parse the answer, run it in the sandbox, judge), and
+`load_code_programs` their common data source (built-in generator or a local rl-python copy).
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import random
 import re
+from dataclasses import dataclass
+from pathlib import Path
 
 from tinker_local.rl.types import Score
-from tinker_local.sandbox import SandboxResult
+from tinker_local.sandbox import SandboxConfig, SandboxResult, run_python, run_python_sync
+from tinker_local.tasks.program_bank import CodeProgram, generate_program
+from tinker_local.tasks.rl_python import load_rl_python
 
 _THINK = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|$)", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -87,3 +96,101 @@ def run_failure(result: SandboxResult, **metrics: float) -> Score:
     if reason.startswith("blocked:"):
         return failure("blocked", **metrics)
     return failure("error", **metrics)
+
+
+# --- the shared prologue of the sandbox-verified tasks ----------------------------------------
+
+
+@dataclass(frozen=True)
+class SandboxRun:
+    """One program run a verdict needs."""
+
+    code: str
+    stdin: str = ""
+
+
+class SandboxScored:
+    """`score` / `score_async` for a task verified by running programs in the sandbox.
+
+    A subclass says how to read the answer (`parse_answer`: None means a format failure), which
+    runs that needs (`sandbox_runs`), whether one run passed (`passed`) and what the results
+    are worth (`verdict`). With `stop_at_first_failure` (the default) `score` stops at the first
+    failing run and `score_async` runs the first one alone, then the rest concurrently.
+    """
+
+    sandbox: SandboxConfig
+
+    @property
+    def stop_at_first_failure(self) -> bool:
+        return True
+
+    def parse_answer(self, answer: str) -> str | None:
+        raise NotImplementedError
+
+    def sandbox_runs(self, parsed: str) -> list[SandboxRun]:
+        raise NotImplementedError
+
+    def passed(self, index: int, result: SandboxResult) -> bool:
+        raise NotImplementedError
+
+    def verdict(self, results: list[SandboxResult]) -> Score:
+        raise NotImplementedError
+
+    def format_failure(self) -> Score:
+        return failure("format")
+
+    def score(self, answer: str) -> Score:
+        parsed = self.parse_answer(answer)
+        if parsed is None:
+            return self.format_failure()
+        results: list[SandboxResult] = []
+        for index, run in enumerate(self.sandbox_runs(parsed)):
+            result = run_python_sync(run.code, stdin=run.stdin, config=self.sandbox)
+            results.append(result)
+            if self.stop_at_first_failure and not self.passed(index, result):
+                break  # all-or-nothing: the rest can't change the reward
+        return self.verdict(results)
+
+    async def score_async(self, answer: str) -> Score:
+        parsed = self.parse_answer(answer)
+        if parsed is None:
+            return self.format_failure()
+        runs = self.sandbox_runs(parsed)
+        if not runs:
+            return self.verdict([])
+
+        async def run(r: SandboxRun) -> SandboxResult:
+            return await run_python(r.code, stdin=r.stdin, config=self.sandbox)
+
+        first = await run(runs[0])
+        if self.stop_at_first_failure and not self.passed(0, first):
+            return self.verdict([first])
+        rest = await asyncio.gather(*(run(r) for r in runs[1:]))
+        return self.verdict([first, *rest])
+
+
+def load_code_programs(
+    kind: str,
+    split: str,
+    n: int | None,
+    *,
+    seed: int,
+    source: str,
+    path: str | Path | None,
+    n_tests: int,
+) -> list[CodeProgram]:
+    """`n` programs (default 500 train / 100 test) for task `kind` ("abduction" or "deduction"):
+    the built-in generator (splits and tasks use disjoint seeds) or a local rl-python copy."""
+    if split not in ("train", "test"):
+        raise ValueError(f"{kind}: split must be 'train' or 'test', got {split!r}")
+    count = n if n is not None else (500 if split == "train" else 100)
+    if source == "rl-python":
+        programs = load_rl_python(kind, split=split, limit=count, path=path)
+    elif source == "builtin":
+        programs = [
+            generate_program(random.Random(f"{kind}-{split}-{seed}-{i}"), n_tests=n_tests)
+            for i in range(count)
+        ]
+    else:
+        raise ValueError(f"{kind}: source must be 'builtin' or 'rl-python', got {source!r}")
+    return [p for p in programs if p.tests]

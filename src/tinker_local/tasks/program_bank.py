@@ -23,6 +23,9 @@ class CodeProgram:
     statement: str
     source: str
     tests: list[tuple[str, str]] = field(default_factory=list)  # (stdin, expected stdout)
+    # Function-call programs (rl-python `function_call` cases): tests are (JSON list of the
+    # arguments, JSON of the expected return value) for a call of this function.
+    fn_name: str | None = None
 
 
 def run_trusted(source: str, stdin: str) -> str:
@@ -73,26 +76,46 @@ _WORDS = (
 )
 
 # A family draws its parameters and returns (statement, source, input generator).
-Family = Callable[[random.Random], tuple[str, str, Callable[[random.Random], str]]]
+InputGen = Callable[[random.Random], str]
+Family = Callable[[random.Random], tuple[str, str, InputGen]]
+
+
+def _words_line(r: random.Random) -> str:
+    return " ".join(r.choices(_WORDS, k=r.randint(1, 5))) + "\n"
+
+
+def _one_word(r: random.Random) -> str:
+    return r.choice(_WORDS) + "\n"
+
+
+def _n_ints(
+    task: str,
+    body: str,
+    *,
+    var: str = "a",
+    parse: str = "list(map(int, input().split()))",
+    make_input: InputGen = _list_input,
+) -> tuple[str, str, InputGen]:
+    """The shared template of the families whose input is `n` and then a line of n integers:
+    `task` completes the statement, `body` the source after the two reading lines."""
+    statement = f"Read an integer n, then a line of n integers. {task}"
+    return statement, f"n = int(input())\n{var} = {parse}\n{body}", make_input
 
 
 def scaled_sum(rng: random.Random):
     a, b = rng.randint(2, 9), rng.randint(-10, 10)
-    stmt = (
-        f"Read an integer n, then a line of n integers. Print the sum of the integers "
-        f"multiplied by {a}, plus {b}."
+    return _n_ints(
+        f"Print the sum of the integers multiplied by {a}, plus {b}.",
+        f"print(sum(nums) * {a} + {b})\n",
+        var="nums",
     )
-    src = (
-        f"n = int(input())\nnums = list(map(int, input().split()))\nprint(sum(nums) * {a} + {b})\n"
-    )
-    return stmt, src, _list_input
 
 
 def count_letter(rng: random.Random):
     letter = rng.choice("aeiourstln")
     stmt = f"Read a line of text. Print how many times the lowercase letter '{letter}' occurs."
     src = f"s = input()\nprint(s.count({letter!r}))\n"
-    return stmt, src, lambda r: " ".join(r.choices(_WORDS, k=r.randint(1, 5))) + "\n"
+    return stmt, src, _words_line
 
 
 def caesar(rng: random.Random):
@@ -102,7 +125,7 @@ def caesar(rng: random.Random):
         "the alphabet, wrapping from z to a."
     )
     src = f"w = input().strip()\nprint(''.join(chr((ord(c) - 97 + {k}) % 26 + 97) for c in w))\n"
-    return stmt, src, lambda r: r.choice(_WORDS) + "\n"
+    return stmt, src, _one_word
 
 
 def fizz_lines(rng: random.Random):
@@ -151,20 +174,18 @@ def palindrome(rng: random.Random):
     yes, no = rng.choice([("YES", "NO"), ("yes", "no"), ("True", "False"), ("1", "0")])
     stmt = f"Read a word. Print {yes} if it reads the same backwards, otherwise {no}."
     src = f"w = input().strip()\nprint({yes!r} if w == w[::-1] else {no!r})\n"
-    return stmt, src, lambda r: r.choice(_WORDS) + "\n"
+    return stmt, src, _one_word
 
 
 def top_k(rng: random.Random):
     k = rng.randint(1, 3)
-    stmt = (
-        f"Read an integer n, then a line of n integers. Print the {k} largest values (or all "
-        "of them if there are fewer) in descending order, separated by spaces."
+    return _n_ints(
+        f"Print the {k} largest values (or all of them if there are fewer) in descending "
+        "order, separated by spaces.",
+        f"print(' '.join(map(str, nums[:{k}])))\n",
+        var="nums",
+        parse="sorted(map(int, input().split()), reverse=True)",
     )
-    src = (
-        f"n = int(input())\nnums = sorted(map(int, input().split()), reverse=True)\n"
-        f"print(' '.join(map(str, nums[:{k}])))\n"
-    )
-    return stmt, src, _list_input
 
 
 def digit_sum(rng: random.Random):
@@ -191,51 +212,37 @@ def collatz_steps(rng: random.Random):
 
 def pair_count(rng: random.Random):
     t = rng.randint(5, 30)
-    stmt = (
-        f"Read an integer n, then a line of n integers. Print the number of pairs of "
-        f"positions i < j whose values add up to {t}."
+    return _n_ints(
+        f"Print the number of pairs of positions i < j whose values add up to {t}.",
+        f"print(sum(1 for i in range(n) for j in range(i + 1, n) if a[i] + a[j] == {t}))\n",
+        make_input=lambda r: _list_input(r, 0, t),
     )
-    src = (
-        f"n = int(input())\na = list(map(int, input().split()))\n"
-        f"print(sum(1 for i in range(n) for j in range(i + 1, n) if a[i] + a[j] == {t}))\n"
-    )
-    return stmt, src, lambda r: _list_input(r, 0, t)
 
 
 def prefix_max(rng: random.Random):
     sep = rng.choice([" ", ",", ";"])
-    stmt = (
-        f"Read an integer n, then a line of n integers. Print the running maximum after "
-        f"each position, joined by {sep!r}."
+    return _n_ints(
+        f"Print the running maximum after each position, joined by {sep!r}.",
+        f"out, best = [], None\nfor x in a:\n    best = x if best is None else max(best, x)\n"
+        f"    out.append(str(best))\nprint({sep!r}.join(out))\n",
     )
-    src = (
-        f"n = int(input())\na = list(map(int, input().split()))\nout, best = [], None\n"
-        f"for x in a:\n    best = x if best is None else max(best, x)\n"
-        f"    out.append(str(best))\nprint({sep!r}.join(out))\n"
-    )
-    return stmt, src, _list_input
 
 
 def word_lengths(rng: random.Random):
     sep = rng.choice([" ", "-", "+"])
     stmt = f"Read a line of words. Print the length of each word, joined by {sep!r}."
     src = f"print({sep!r}.join(str(len(w)) for w in input().split()))\n"
-    return stmt, src, lambda r: " ".join(r.choices(_WORDS, k=r.randint(1, 5))) + "\n"
+    return stmt, src, _words_line
 
 
 def alternating_sum(rng: random.Random):
     start = rng.choice(["+", "-"])
     sign = "1" if start == "+" else "-1"
-    stmt = (
-        f"Read an integer n, then a line of n integers. Print the alternating sum, with the "
-        f"first value counted as {'positive' if start == '+' else 'negative'} and signs "
-        "alternating after that."
+    return _n_ints(
+        f"Print the alternating sum, with the first value counted as "
+        f"{'positive' if start == '+' else 'negative'} and signs alternating after that.",
+        f"s, sign = 0, {sign}\nfor x in a:\n    s += sign * x\n    sign = -sign\nprint(s)\n",
     )
-    src = (
-        f"n = int(input())\na = list(map(int, input().split()))\ns, sign = 0, {sign}\n"
-        f"for x in a:\n    s += sign * x\n    sign = -sign\nprint(s)\n"
-    )
-    return stmt, src, _list_input
 
 
 FAMILIES: dict[str, Family] = {

@@ -11,7 +11,15 @@ it): abduction rows have `program` (Python reading stdin), `inputs` (a stdin tex
 (its stdout). Deduction rows have `prompt` (the problem statement) and `verification_info` or
 `test_cases`: a JSON (or Python-literal) string or object `{"test_cases": [{"type":
 "stdin_stdout", "input": ..., "output": ...}, ...]}`. Inputs/outputs that are lists are joined
-with newlines. Only `stdin_stdout` cases are used; rows without one are skipped.
+with newlines.
+Function-call cases: `{"type": "function_call", "fn_name": F, "input": [arg, ...], "output":
+[value]}` (the shape public consumers of this data set read: call F(*input), compare with
+output[0]); also accepted, as a documented fallback, the APPS-style object `{"fn_name": F,
+"inputs": [[arg, ...], ...], "outputs": [value or [value], ...]}`. An output that is a
+one-element list is the return value itself (`[5]` means 5), as those consumers read it. A row
+with stdin/stdout cases uses only those; a row with only function-call cases becomes a
+function-call deduction problem (cases naming another function are dropped). Rows with
+neither are skipped.
 """
 
 from __future__ import annotations
@@ -66,8 +74,8 @@ def _text(value: object) -> str:
     return json.dumps(value)
 
 
-def stdin_stdout_cases(row: dict) -> list[tuple[str, str]]:
-    """The row's stdin/stdout test cases (possibly none)."""
+def _verification(row: dict) -> object:
+    """The row's parsed `verification_info` / `test_cases` (None when unreadable)."""
     raw = row.get("verification_info") or row.get("test_cases")
     if isinstance(raw, str):
         try:
@@ -76,7 +84,13 @@ def stdin_stdout_cases(row: dict) -> list[tuple[str, str]]:
             try:
                 raw = ast.literal_eval(raw)
             except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return []
+                return None
+    return raw
+
+
+def stdin_stdout_cases(row: dict) -> list[tuple[str, str]]:
+    """The row's stdin/stdout test cases (possibly none)."""
+    raw = _verification(row)
     if isinstance(raw, dict):
         raw = raw.get("test_cases")
     if not isinstance(raw, list):
@@ -90,6 +104,52 @@ def stdin_stdout_cases(row: dict) -> list[tuple[str, str]]:
             stdin = stdin if stdin.endswith("\n") else stdin + "\n"
             cases.append((stdin, _text(case["output"])))
     return cases
+
+
+def _return_value(output: object) -> object:
+    return output[0] if isinstance(output, list) and len(output) == 1 else output
+
+
+def _call(args: object, output: object) -> tuple[str, str] | None:
+    """One function-call test as (JSON argument list, JSON expected value), None if unusable."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, list):
+        args = [args]
+    try:
+        return json.dumps(args), json.dumps(_return_value(output))
+    except (TypeError, ValueError):
+        return None
+
+
+def function_call_cases(row: dict) -> tuple[str | None, list[tuple[str, str]]]:
+    """(function name, [(JSON args, JSON expected value), ...]) of the row's function-call
+    cases; (None, []) when it has none."""
+    raw = _verification(row)
+    pairs: list[tuple[str, object, object]] = []
+    if isinstance(raw, dict) and isinstance(raw.get("fn_name"), str):  # APPS-style
+        inputs, outputs = raw.get("inputs"), raw.get("outputs")
+        if isinstance(inputs, list) and isinstance(outputs, list):
+            pairs = [(raw["fn_name"], i, o) for i, o in zip(inputs, outputs)]
+    else:
+        cases = raw.get("test_cases") if isinstance(raw, dict) else raw
+        for case in cases if isinstance(cases, list) else []:
+            if (
+                isinstance(case, dict)
+                and case.get("type") == "function_call"
+                and isinstance(case.get("fn_name"), str)
+                and "input" in case
+                and "output" in case
+            ):
+                pairs.append((case["fn_name"], case["input"], case["output"]))
+    if not pairs or not pairs[0][0].isidentifier():
+        return None, []
+    name = pairs[0][0]
+    tests = [t for fn, args, out in pairs if fn == name and (t := _call(args, out)) is not None]
+    return (name, tests) if tests else (None, [])
 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict]]:
@@ -130,9 +190,15 @@ def load_rl_python(
             if isinstance(program, str) and stdin and out and str(out).strip():
                 programs.append(CodeProgram("rl-python", "", program, [(_text(stdin), _text(out))]))
         elif kind == "deduction":
+            if not isinstance(row.get("prompt"), str):
+                continue
             cases = stdin_stdout_cases(row)
-            if isinstance(row.get("prompt"), str) and cases:
+            if cases:
                 programs.append(CodeProgram("rl-python", row["prompt"], "", cases))
+                continue
+            fn_name, calls = function_call_cases(row)
+            if fn_name:
+                programs.append(CodeProgram("rl-python", row["prompt"], "", calls, fn_name))
         else:
             raise ValueError(f"rl-python: kind must be 'abduction' or 'deduction', got {kind!r}")
     return programs
