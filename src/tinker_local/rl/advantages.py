@@ -5,6 +5,12 @@ Every env in a group answers the same problem, so the group mean is a per-proble
 (plus `eps`, so a near-constant group does not explode); Dr. GRPO (Liu et al. 2025,
 "Understanding R1-Zero-Like Training") drops that division because it up-weights problems that
 are almost always solved or almost never solved.
+
+Masked rewards (rejection, then GRPO): a group builder's `compute_group_rewards` may answer
+None for a rollout to exclude it (`kept_indices`). `rollout_group` then leaves it out of the
+group's trajectories and rewards, so the baseline is computed over the kept rollouts and the
+excluded ones produce no datums. A group whose rollouts were all excluded is empty: it counts
+as constant (the filter removes it) and has no advantages.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ def group_advantages(
     """Advantages for one group: reward minus the group mean, optionally over (std + eps).
 
     The std is the population std (ddof=0) of the group's rewards. A group of one has no
-    baseline to compare with, so its advantage is 0.
+    baseline to compare with, so its advantage is 0; an empty group (all excluded) has none.
     """
     if len(rewards) == 0:
-        raise ValueError("group_advantages: the group has no rewards")
+        return []  # every rollout was excluded: nothing to train on
     for i, r in enumerate(rewards):
         if not math.isfinite(r):
             raise ValueError(f"group_advantages: reward {i} is not finite ({r})")
@@ -40,8 +46,14 @@ def group_advantages(
 
 
 def is_constant(rewards: Sequence[float], tol: float = 1e-9) -> bool:
-    """True when every reward in the group is the same (so every advantage is zero)."""
-    return max(rewards) - min(rewards) <= tol
+    """True when every reward in the group is the same (so every advantage is zero); an empty
+    group (every rollout excluded) counts as constant."""
+    return not rewards or max(rewards) - min(rewards) <= tol
+
+
+def kept_indices(rewards: Sequence[float | None]) -> list[int]:
+    """The rollouts a masked reward list keeps: None marks an excluded rollout."""
+    return [i for i, r in enumerate(rewards) if r is not None]
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import tinker
 
+from tinker_local.rl.advantages import kept_indices
 from tinker_local.rl.types import Env, EnvGroupBuilder, StopCondition
 
 
@@ -51,13 +52,21 @@ class Trajectory:
 
 @dataclass
 class TrajectoryGroup:
-    """The group's episodes and their total rewards (per-step + group-level rewards)."""
+    """The group's episodes and their total rewards (per-step + group-level rewards).
+
+    Episodes the builder excluded (its `compute_group_rewards` answered None for them, e.g.
+    the losers of a rejection step) are not in `trajectories` / `rewards`, so the group baseline
+    and the training data come from the kept episodes only; they are kept in `excluded` (with
+    their per-step totals in `excluded_rewards`) for inspection. A group can end up empty.
+    """
 
     trajectories: list[Trajectory]
     rewards: list[float]
     tags: list[str] = field(default_factory=list)
     sampler_step: int = 0  # the training step whose weights sampled this group
     env_seconds: float = 0.0  # time spent inside env.step / group rewards (scoring)
+    excluded: list[Trajectory] = field(default_factory=list)
+    excluded_rewards: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         """Per-episode env metrics, averaged over the group."""
@@ -193,13 +202,19 @@ async def rollout_group(
             f"compute_group_rewards returned {len(group_rewards)} rewards "
             f"for {len(trajectories)} trajectories"
         )
-    rewards = [traj.total_reward + g for traj, g in zip(trajectories, group_rewards)]
+    kept = kept_indices(group_rewards)
+    dropped = [i for i in range(len(trajectories)) if i not in set(kept)]
+    rewards = [
+        trajectories[i].total_reward + g for i, g in enumerate(group_rewards) if g is not None
+    ]
     return TrajectoryGroup(
-        trajectories=trajectories,
+        trajectories=[trajectories[i] for i in kept],
         rewards=rewards,
         tags=list(builder.logging_tags()),
         sampler_step=sampler_step,
         env_seconds=env_seconds,
+        excluded=[trajectories[i] for i in dropped],
+        excluded_rewards=[trajectories[i].total_reward for i in dropped],
     )
 
 

@@ -50,10 +50,13 @@ class EnvGroupBuilder(ABC):
         """Tags (e.g. the task name) under which this group's rewards are also logged."""
         return []
 
-    async def compute_group_rewards(self, transcripts: Sequence[list[Action]]) -> list[float]:
+    async def compute_group_rewards(
+        self, transcripts: Sequence[list[Action]]
+    ) -> Sequence[float | None]:
         """Rewards that need the whole group at once (debate judges, pairwise preferences).
 
-        Added to the per-step rewards. Default: none.
+        Added to the per-step rewards. Default: none. None excludes that rollout from the group
+        (no part in the baseline, no training data): rejection before GRPO.
         """
         return [0.0] * len(transcripts)
 

@@ -6,29 +6,40 @@ the registry exposes it as `tinker-local rl --task debate --task-option task=sat
 plays a group's episodes concurrently (`rollout_group` gathers them), which is what lets each
 debater wait for its opponent's argument every round.
 Rewards: `reward="debate"` (default) gives winner 1.0 / loser 0.0 / tie 0.5; `reward="task"`
-gives each side the task's own score of its final answer (what rejection-then-GRPO trains on).
+gives each side the task's own score of its final answer; `reward="rejection-grpo"` is
+rejection-then-GRPO: the judge's winners keep their task score and the losers (and both sides
+of a tie) are excluded from the group (`compute_group_rewards` answers None for them), so the
+RL loop computes the group baseline over the winners only and trains on nothing else. It needs
+a task with graded rewards or a model judge (with a rule judge on a 0/1 task every winner scores
+1 and the group is constant), and at least two pairs (group_size >= 4).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 import tinker
 
 from tinker_local.rendering import render_prompt, stop_token_ids
-from tinker_local.rl.problem_env import WorldEnv, decode_action
+from tinker_local.rl.problem_env import WorldEnv, decode_action, score_answer
 from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem
 from tinker_local.tasks.debate import (
     DebaterWorld,
     Judge,
     Message,
     RuleJudge,
+    Verdict,
+    final_answer,
     judge_group,
     make_debate_worlds,
     pair_up,
+    rejection_then_grpo,
     rewards_from_verdicts,
 )
+
+REWARDS = ("debate", "task", "rejection-grpo")
 
 
 class DebaterEnv(WorldEnv):
@@ -52,8 +63,8 @@ class DebateGroupBuilder(EnvGroupBuilder):
         max_context_tokens: int | None = None,
     ):
         pair_up(group_size)  # fail fast on an odd group
-        if reward not in ("debate", "task"):
-            raise ValueError(f"debate reward must be 'debate' or 'task', got {reward!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"debate reward must be one of {', '.join(REWARDS)}; got {reward!r}")
         self.problem, self.tokenizer, self.group_size = problem, tokenizer, group_size
         self.rounds, self.judge, self.reward = rounds, judge or RuleJudge(), reward
         self.tags, self.max_context_tokens = list(tags), max_context_tokens
@@ -69,12 +80,28 @@ class DebateGroupBuilder(EnvGroupBuilder):
     def arguments(self) -> list[list[str]]:
         return [list(w.coordinator.arguments[w.side]) for w in self.worlds]
 
-    async def compute_group_rewards(self, transcripts: Sequence[list[Action]]) -> list[float]:
+    async def task_scores(self, verdicts: Sequence[Verdict]) -> list[float]:
+        """Each rollout's task score of its final answer (the rule judge already has them)."""
+        if isinstance(self.judge, RuleJudge):
+            return [s for v in verdicts for s in v.scores]
+        scores = await asyncio.gather(
+            *(
+                score_answer(self.problem, final_answer(args[-1]) if args else "")
+                for args in self.arguments()
+            )
+        )
+        return [s.reward for s in scores]
+
+    async def compute_group_rewards(
+        self, transcripts: Sequence[list[Action]]
+    ) -> list[float | None]:
         # The debaters' decoded arguments are already held by the coordinators.
         verdicts = await judge_group(self.problem, self.arguments(), self.judge)
         if self.reward == "task":
-            return [s for v in verdicts for s in v.scores]
-        return rewards_from_verdicts(verdicts)
+            return list(await self.task_scores(verdicts))
+        if self.reward == "rejection-grpo":
+            return rejection_then_grpo(await self.task_scores(verdicts), verdicts)
+        return list(rewards_from_verdicts(verdicts))
 
     def logging_tags(self) -> list[str]:
         return self.tags

@@ -113,8 +113,9 @@ def make_dataset(
     with its own `make_dataset` (arithmetic, gsm8k) is used as is; other tasks get `n` items
     (default 1000 train / 100 test) with `group_size` attempts each (1 for test).
 
-    `name="debate"` wraps the single-turn task `task=` (options `rounds`, `reward`; the other
-    options go to the task): debate groups of `group_size` (even), 2 for the test split."""
+    `name="debate"` wraps the single-turn task `task=` (options `rounds`, `reward`: "debate",
+    "task" or "rejection-grpo"; the other options go to the task): debate groups of
+    `group_size` (even), 2 for the test split (scored with "task" under "rejection-grpo")."""
     if name == "debate":
         return _debate_dataset(
             tokenizer,
@@ -184,7 +185,8 @@ def _debate_dataset(
         group_size=group_size if split == "train" else 2,
         drop_last=split == "train",
         rounds=rounds,
-        reward=reward,
+        # Evaluation measures every debater's task score: exclusion is a training device.
+        reward="task" if split == "test" and reward == "rejection-grpo" else reward,
         tags=[f"debate-{task}"],
         max_context_tokens=max_context_tokens,
     )
