@@ -11,6 +11,8 @@ Modes:
   the caller kills the session) the init exits and the kernel kills every process left in it.
 - "plain": no namespaces. The program runs in the staging folder, as an unprivileged uid when
   we are root; the Python guard (guard.py) is then the only network/file barrier.
+In both, when the host made a memory cgroup for the run, the launcher joins it before anything
+else (`cgroup_procs`), so the program and all its children share one memory cap.
 """
 
 from __future__ import annotations
@@ -205,10 +207,18 @@ def _plain_main(cfg: dict) -> int:
     return SETUP_FAILED  # not reached
 
 
+def _join_cgroup(cfg: dict) -> None:
+    """Enter the run's memory cgroup first, so everything started from here is capped."""
+    if cfg.get("cgroup_procs"):
+        with open(cfg["cgroup_procs"], "w") as f:
+            f.write(str(os.getpid()))
+
+
 def main() -> int:
     os.umask(0o022)
     cfg = json.loads(sys.argv[1])
     try:
+        _join_cgroup(cfg)
         if cfg["mode"] == "namespace":
             return _namespace_main(cfg)
         return _plain_main(cfg)

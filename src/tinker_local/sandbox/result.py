@@ -23,7 +23,7 @@ class SandboxResult:
     timed_out: bool
     reason: str  # "" when ok; otherwise why it failed, e.g. "timeout after 2.0s"
     signal: int | None = None
-    isolation: str = ""  # "namespace" or "plain"
+    isolation: str = ""  # "namespace", "plain" or "docker"
     duration_s: float = 0.0
 
 
@@ -52,10 +52,14 @@ def failure_reason(
     timed_out: bool,
     output_exceeded: bool,
     config: SandboxConfig,
+    memory_killed: bool = False,
+    memory_limit: int = 0,
 ) -> str:
     """The most specific explanation first: our limits, then the guard, then the program."""
     if exit_code == SETUP_FAILED and "sandbox setup failed" in stderr:
         return _last_line(stderr)
+    if memory_killed:
+        return f"memory limit ({memory_limit} bytes for the whole run): killed"
     if timed_out:
         return f"timeout after {config.timeout_s:g}s wall clock"
     if output_exceeded:
@@ -83,7 +87,11 @@ def interpret(
     config: SandboxConfig,
     isolation: str,
     duration_s: float,
+    memory_killed: bool = False,
+    memory_limit: int = 0,
 ) -> SandboxResult:
+    """`memory_killed`: the whole-run memory cap (cgroup or container) killed a process of the
+    run; the run fails even if its main process went on to exit 0."""
     err = stderr.decode("utf-8", errors="replace")
     reason = failure_reason(
         stderr=err,
@@ -92,8 +100,16 @@ def interpret(
         timed_out=timed_out,
         output_exceeded=output_exceeded,
         config=config,
+        memory_killed=memory_killed,
+        memory_limit=memory_limit,
     )
-    ok = exit_code == 0 and not timed_out and not output_exceeded and signal_number is None
+    ok = (
+        exit_code == 0
+        and not timed_out
+        and not output_exceeded
+        and signal_number is None
+        and not memory_killed
+    )
     return SandboxResult(
         ok=ok,
         stdout=stdout.decode("utf-8", errors="replace"),

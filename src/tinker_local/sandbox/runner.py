@@ -3,6 +3,10 @@
 `run_python_sync` blocks; `run_python` is the async form for the RL loop. Both share one
 process-wide concurrency limit (`set_concurrency`), and sandboxed programs run at a raised nice
 level, so many rollouts can check code in parallel without starving the trainer.
+
+Memory: RLIMIT_AS per process always; on top, a whole-run cap through a memory cgroup where
+the machine allows it (`cgroups.py`: v2, else v1; `run_memory_bytes`). Backends: "namespace"
+and "plain" (launcher.py), and "docker" (container.py) only when selected and a daemon answers.
 """
 
 from __future__ import annotations
@@ -19,10 +23,20 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinker_local.sandbox.cgroups import RunCgroup, detect_memory_cgroup
+from tinker_local.sandbox.container import (
+    DEFAULT_IMAGE,
+    container_user,
+    docker_command,
+    finish_container,
+    guard_config,
+    require_docker,
+)
 from tinker_local.sandbox.isolation import detect_isolation
 from tinker_local.sandbox.result import SandboxResult, interpret
 
@@ -45,8 +59,12 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20  # per stream; more is a failure ("output limit")
     allow_subprocess: bool = False  # the Python guard refuses fork/exec/system unless True
     python_guard: bool = True  # the audit-hook layer (always on in "plain" mode)
-    isolation: str = "auto"  # "auto" | "namespace" | "plain"
+    isolation: str = "auto"  # "auto" | "namespace" | "plain" | "docker" (never picked by auto)
     nice: int = 10
+    # Whole-run memory cap (all processes + tmpfs files) via a memory cgroup when available;
+    # None: memory_bytes; 0: off. Docker: the container's --memory.
+    run_memory_bytes: int | None = None
+    docker_image: str = DEFAULT_IMAGE
 
 
 _lock = threading.Lock()
@@ -222,17 +240,27 @@ def run_python_sync(
     """
     cfg = config or SandboxConfig()
     mode = detect_isolation() if cfg.isolation == "auto" else cfg.isolation
-    if mode not in ("namespace", "plain"):
-        raise ValueError(f"unknown sandbox isolation {mode!r} (use 'namespace' or 'plain')")
+    if mode not in ("namespace", "plain", "docker"):
+        raise ValueError(
+            f"unknown sandbox isolation {mode!r} (use 'namespace', 'plain' or 'docker')"
+        )
+    if mode == "docker":
+        require_docker()  # raises SandboxUnavailable with the reason
     staging = Path(tempfile.mkdtemp(prefix="tinker-local-sandbox-"))
     uid = None
+    cgroup: RunCgroup | None = None
     try:
         _stage(staging, code, stdin, files)
         with _slots:
+            if mode == "docker":
+                return _run_docker(cfg, staging)
             uid = _acquire_uid() if _can_drop_privileges(mode) else None
             if mode == "plain":
                 os.chmod(staging, 0o711)  # the unprivileged uid must reach files/
-            launch = json.dumps(_launch_config(cfg, mode, staging, uid))
+            cgroup = _run_cgroup(cfg)
+            launch_cfg = _launch_config(cfg, mode, staging, uid)
+            launch_cfg["cgroup_procs"] = cgroup.procs_file if cgroup else None
+            launch = json.dumps(launch_cfg)
             started = time.monotonic()
             with open(staging / "stdin", "rb") as stdin_file:
                 proc = subprocess.Popen(
@@ -251,7 +279,10 @@ def run_python_sync(
                 if proc.poll() is None:
                     _kill_group(proc.pid)
                     proc.wait()
+                if cgroup is not None:
+                    cgroup.kill_all()  # whatever escaped the process group
             duration = time.monotonic() - started
+        memory_killed = cgroup is not None and cgroup.oom_killed()
         status = _read_status(staging)
         exit_code, sig = status if status else _decode_returncode(proc.returncode)
         return interpret(
@@ -264,11 +295,75 @@ def run_python_sync(
             config=cfg,
             isolation=mode,
             duration_s=duration,
+            memory_killed=memory_killed,
+            memory_limit=cgroup.limit_bytes if cgroup else 0,
         )
     finally:
+        if cgroup is not None:
+            cgroup.remove()
         if uid is not None:
             _release_uid(uid)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_cgroup(cfg: SandboxConfig) -> RunCgroup | None:
+    """This run's memory cgroup, when a whole-run cap is wanted and the machine allows it."""
+    limit = cfg.memory_bytes if cfg.run_memory_bytes is None else cfg.run_memory_bytes
+    support = detect_memory_cgroup() if limit > 0 else None
+    if support is None:
+        return None
+    try:
+        return RunCgroup(support, limit)
+    except OSError:
+        return None  # the rlimits still apply
+
+
+def _run_docker(cfg: SandboxConfig, staging: Path) -> SandboxResult:
+    """One run in a container (see container.py); the same time and output enforcement."""
+    work = staging / "files"
+    uid, gid = container_user()
+    if os.geteuid() == 0:
+        for dirpath, dirnames, filenames in os.walk(work):
+            for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+                os.lchown(name, uid, gid)
+    os.chmod(staging, 0o711)
+    name = f"tinker-local-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    guard = json.dumps(guard_config(cfg))
+    argv = docker_command(
+        cfg, name=name, workdir=work, guard_json=guard, guard_source=_GUARD_SOURCE, uid=uid, gid=gid
+    )
+    started = time.monotonic()
+    with open(staging / "stdin", "rb") as stdin_file:
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    try:
+        out, err, timed_out, exceeded = _collect(proc, cfg)
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc.pid)
+            proc.wait()
+        oom = finish_container(name)  # also kills the container on timeout
+    code = proc.returncode
+    exit_code, sig = (None, code - 128) if code is not None and code > 128 else (code, None)
+    return interpret(
+        stdout=out,
+        stderr=err,
+        exit_code=exit_code,
+        signal_number=sig,
+        timed_out=timed_out,
+        output_exceeded=exceeded,
+        config=cfg,
+        isolation="docker",
+        duration_s=time.monotonic() - started,
+        memory_killed=oom,
+        memory_limit=cfg.run_memory_bytes or cfg.memory_bytes,
+    )
 
 
 def _read_status(staging: Path) -> tuple[int | None, int | None] | None:
