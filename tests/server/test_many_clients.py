@@ -1,0 +1,130 @@
+"""Clients in separate processes, each with its own API key and LoRA, against one real
+`tinker-local serve` on the tiny model: run together, each gets what it gets when run alone
+(same seeds), and no key can see or touch another key's models, samplers or checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tinker
+
+CLI = [sys.executable, "-m", "tinker_local.cli"]
+WORKER = Path(__file__).with_name("many_clients_worker.py")
+SEEDS = (1, 2, 3)
+KEYS = {seed: f"tml-client-{seed}" for seed in SEEDS}
+
+
+@contextmanager
+def _serve() -> Iterator[str]:
+    keys = [arg for seed in SEEDS for arg in ("--api-key", KEYS[seed])]
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", "0", *keys],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TINKER_TELEMETRY": "0"},
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        while not any("serving at" in line for line in seen) and len(seen) < 50:
+            seen.append(proc.stdout.readline())
+        assert "serving at" in seen[-1], "".join(seen)
+        yield seen[-1].split(" at ", 1)[1].strip()
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def _start(url: str, seed: int, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), url, KEYS[seed], str(seed), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TINKER_TELEMETRY": "0"},
+    )
+
+
+def _finish(proc: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    return json.loads(out.read_text())
+
+
+def _same(alone: dict[str, Any], together: dict[str, Any]) -> None:
+    assert together["losses"] == pytest.approx(alone["losses"], rel=1e-4)
+    assert together["logprobs_after"] == pytest.approx(alone["logprobs_after"], abs=1e-4)
+    assert together["sample_tokens"] == alone["sample_tokens"]
+    for got, want in zip(together["sample_logprobs"], alone["sample_logprobs"]):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.integration
+def test_clients_in_separate_processes_match_their_solo_runs_and_stay_isolated(
+    tmp_path: Path,
+) -> None:
+    with _serve() as url:
+        alone = {}
+        for seed in SEEDS:  # one at a time
+            out = tmp_path / f"alone-{seed}.json"
+            alone[seed] = _finish(_start(url, seed, out), out)
+        procs = {seed: _start(url, seed, tmp_path / f"together-{seed}.json") for seed in SEEDS}
+        together = {
+            seed: _finish(proc, tmp_path / f"together-{seed}.json") for seed, proc in procs.items()
+        }
+        # They really ran at the same time: every client's training overlapped the others'.
+        assert max(r["started"] for r in together.values()) < min(
+            r["trained"] for r in together.values()
+        )
+        for seed in SEEDS:
+            _same(alone[seed], together[seed])
+        # Different seeds really trained different models (the comparison above means something).
+        assert alone[1]["losses"] != alone[2]["losses"]
+        assert alone[1]["sample_tokens"] != alone[2]["sample_tokens"]
+
+        _check_isolation(url, together)
+
+
+def _check_isolation(url: str, results: dict[int, dict[str, Any]]) -> None:
+    mine, theirs = results[1], results[2]
+    rest = tinker.RestClient(base_url=url, api_key=KEYS[1])
+    runs = {r.training_run_id for r in rest.list_training_runs(limit=1000).result().training_runs}
+    assert mine["model_id"] in runs
+    assert not any(results[s]["model_id"] in runs for s in (2, 3))
+    with pytest.raises(tinker.NotFoundError):
+        rest.list_checkpoints(theirs["model_id"]).result()
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_sampler(theirs["sampler_id"]).result()
+    service = tinker.ServiceClient(base_url=url, api_key=KEYS[1])
+    with pytest.raises(tinker.NotFoundError):
+        service.create_training_client_from_state(theirs["checkpoint"]).result()
+    # Raw calls naming another key's model or sampler get "not found" too.
+    with httpx.Client(base_url=url, timeout=30, headers={"X-API-Key": KEYS[1]}) as http:
+        step = http.post(
+            "/api/v1/optim_step",
+            json={"model_id": theirs["model_id"], "seq_id": 100, "adam_params": {}},
+        )
+        assert step.status_code == 404 and "not found" in step.json()["error"]
+        sample = http.post(
+            "/api/v1/asample",
+            json={
+                "sampling_session_id": theirs["sampler_id"],
+                "seq_id": 100,
+                "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+                "sampling_params": {"max_tokens": 2},
+            },
+        )
+        assert sample.status_code == 404, sample.text
+    # Its own checkpoint is still its own.
+    listed = rest.list_checkpoints(mine["model_id"]).result().checkpoints
+    assert [c.tinker_path for c in listed] == [mine["checkpoint"]]
