@@ -345,8 +345,10 @@ def test_finishing_a_session_unloads_its_models(fake_server: FakeServer) -> None
     with httpx.Client(base_url=fake_server.base_url, timeout=5) as http:
         beat = http.post("/api/v1/session_heartbeat", json={"session_id": session_id})
         assert beat.status_code == 410
+        # The model is gone, and the answer says why and how to resume.
         gone = http.post("/api/v1/get_info", json={"model_id": trainer.model_id})
-        assert gone.status_code == 404
+        assert gone.status_code == 410
+        assert f"its session {session_id} finished" in gone.json()["error"]
 
 
 def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
