@@ -1,12 +1,20 @@
 """Sampler throughput: tinker-local's sampler vs `transformers` `generate(output_scores=True)`.
 
-Same model (the built-in SmolLM2-135M-Instruct, float32), same prompts, temperature 1, no top-k /
-top-p, a fixed number of new tokens per sequence (no EOS stop), and per-token logprobs from both
-(generate's from its scores, computed the way a user would). Each (case, engine, repeat) runs in
-its own subprocess, so peak RSS is per run. vLLM is compared too when it is importable.
+Same model (the built-in SmolLM2-135M-Instruct), same dtype, same prompts, temperature 1, no
+top-k / top-p, a fixed number of new tokens per sequence (no EOS stop), and per-token logprobs
+from both (generate's from its scores, computed the way a user would). Each (case, dtype, engine,
+repeat) runs in its own subprocess, so peak RSS is per run. vLLM is compared too when importable.
 
-    .venv/bin/python benchmarks/sampler.py                 # all cases, 2 repeats
-    .venv/bin/python benchmarks/sampler.py --cases batch32 latency --repeats 3
+Engines: `ours` (the sampler on the bare base model), `ours_lora` (the sampler on the same base
+wrapped by the engine's AdapterPool with one rank-32 LoRA adapter on every linear layer, the
+whole batch using it: the path the server takes for a trained sampler), `generate`.
+`--dtypes float32 bfloat16` runs every engine in each dtype (the model is loaded in that dtype;
+logprobs are always computed in float32 from the logits). `max |dlogp|` compares with a
+teacher-forced forward of the same model in the same dtype; for bfloat16 runs
+`|dlogp| vs fp32` also compares with the float32 model (the cost of bf16 itself).
+
+    .venv/bin/python benchmarks/sampler.py                 # all cases, float32, 2 repeats
+    .venv/bin/python benchmarks/sampler.py --cases batch32 --dtypes float32 bfloat16
 
 Prints a table and writes benchmarks/results/sampler.json. Not a test: timings on a shared CPU
 are noisy; repeats are interleaved (ours, generate, ours, ...) and the median is reported, as
@@ -53,11 +61,13 @@ class Case:
 
 CASES = {
     "batch32": Case("batch32", prompts=32, samples=1, new_tokens=64),
+    "quick32": Case("quick32", prompts=32, samples=1, new_tokens=16),  # for iterating
     "group8x8": Case("group8x8", prompts=8, samples=8, new_tokens=64),
     "latency": Case("latency", prompts=1, samples=1, new_tokens=64),
     "long64x512": Case("long64x512", prompts=64, samples=1, new_tokens=512, repeats=1),
 }
-ENGINES = ["ours", "generate"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
+DTYPES = ["float32", "bfloat16"]
+ENGINES = ["ours", "ours_lora", "generate"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -75,15 +85,17 @@ def make_prompts(tokenizer, n: int) -> list[list[int]]:
 # -- one measured run (child process) -----------------------------------------------------------
 
 
-def run_child(case: Case, engine: str) -> dict:
+def run_child(case: Case, engine: str, dtype: str) -> dict:
     import torch
 
     from tinker_local import config
     from tinker_local.engine.models import load_base
 
-    base = load_base(config.DEFAULT_BASE_MODEL)
+    base = load_base(config.DEFAULT_BASE_MODEL, dtype=dtype)
     prompts = make_prompts(base.tokenizer, case.prompts)
-    runner = {"ours": _run_ours, "generate": _run_generate, "vllm": _run_vllm}[engine]
+    adapter = _add_lora(base) if engine == "ours_lora" else None
+    runner = {"ours": _run_ours, "ours_lora": _run_ours, "generate": _run_generate,
+              "vllm": _run_vllm}[engine]
     runner(base, prompts[:1], case.samples, 4)  # warm-up: first-call costs are not measured
     rss_loaded = _current_rss_mb()
     cpu_start, start = time.process_time(), time.perf_counter()
@@ -92,14 +104,48 @@ def run_child(case: Case, engine: str) -> dict:
     cpu_seconds = time.process_time() - cpu_start
     tokens = sum(len(toks) for toks, _ in sequences)
     result = {
-        "case": case.name, "engine": engine, "seconds": seconds, "tokens": tokens,
+        "case": case.name, "engine": engine, "dtype": dtype, "seconds": seconds, "tokens": tokens,
         "tok_per_s": tokens / seconds, "cpu_ms_per_token": 1000 * cpu_seconds / tokens,
+        "tok_per_cpu_s": tokens / cpu_seconds,
         "peak_rss_mb": _peak_rss_mb(), "rss_after_load_mb": rss_loaded,
         "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
     }
     # Exactness: logprobs of a few sequences against one teacher-forced forward pass.
     result["max_logprob_error"] = _logprob_error(base.model, prompts, case.samples, sequences)
+    if dtype != "float32":
+        fp32 = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
+        if adapter is not None:
+            _add_lora(fp32, like=base.model)
+        result["max_logprob_error_vs_fp32"] = _logprob_error(
+            fp32.model, prompts, case.samples, sequences)
     return result
+
+
+def _add_lora(base, like=None) -> str:
+    """Wrap `base.model` in the engine's AdapterPool with one rank-32 adapter (B made non-zero,
+    so the adapter changes the outputs), make it the model every forward uses, and return its
+    peft name. With `like`, copy that model's LoRA weights instead (same adapter, other dtype)."""
+    import torch
+
+    from tinker_local.engine.adapters import AdapterPool, LoraSpec
+
+    pool = AdapterPool(base.name, base.model)
+    pool.create("bench", LoraSpec(rank=32, seed=0))
+    name = pool.adapter_name("bench")
+    with torch.no_grad():
+        source = dict(like.named_parameters()) if like is not None else {}
+        gen = torch.Generator().manual_seed(1)
+        for pname, p in pool.model.named_parameters():
+            if f".{name}." not in pname:
+                continue
+            if like is not None:
+                p.copy_(source[pname].to(p.dtype))
+            elif "lora_B" in pname:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    pool.model.set_adapter(name, inference_mode=True)  # plain forwards (generate, checks) use it
+    base.model = pool.model
+    base.adapter = name
+    return name
 
 
 def _run_ours(base, prompts, samples, new_tokens):
@@ -108,9 +154,10 @@ def _run_ours(base, prompts, samples, new_tokens):
     from tinker_local.engine.sampler import GenRequest, Sampler
 
     sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
+    adapter = getattr(base, "adapter", None)
     requests = [
         GenRequest(p, types.SamplingParams(max_tokens=new_tokens, temperature=1.0, stop=[],
-                                           seed=i), num_samples=samples)
+                                           seed=i), num_samples=samples, adapter_name=adapter)
         for i, p in enumerate(prompts)
     ]
     return [(s.tokens, s.logprobs) for r in sampler.generate(requests) for s in r.sequences]
@@ -143,7 +190,7 @@ def _run_generate(base, prompts, samples, new_tokens):
 def _run_vllm(base, prompts, samples, new_tokens):  # pragma: no cover - needs vllm
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=str(base.folder), dtype="float32")
+    llm = LLM(model=str(base.folder), dtype=str(next(base.model.parameters()).dtype)[6:])
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens,
                             ignore_eos=True, logprobs=0)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
@@ -182,12 +229,13 @@ def _current_rss_mb() -> float:
 # -- orchestration ------------------------------------------------------------------------------
 
 
-def measure(case: Case, engine: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", case.name, engine]
+def measure(case: Case, engine: str, dtype: str, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", case.name, engine, dtype]
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"case": case.name, "engine": engine, "error": f"timed out after {timeout:.0f}s"}
+        return {"case": case.name, "engine": engine, "dtype": dtype,
+                "error": f"timed out after {timeout:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         if proc.returncode < 0:  # killed by a signal: SIGKILL here is the kernel's OOM killer
@@ -196,27 +244,38 @@ def measure(case: Case, engine: str, timeout: float) -> dict:
             tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines()
                     if "it/s]" not in ln][-3:]
             reason = f"exit {proc.returncode}: " + " | ".join(tail)
-        return {"case": case.name, "engine": engine, "error": reason}
+        return {"case": case.name, "engine": engine, "dtype": dtype, "error": reason}
     return json.loads(lines[-1])
 
 
 def summarise(runs: list[dict]) -> list[dict]:
+    """Median per (case, dtype, engine); ratios are to `generate` in the same case and dtype."""
     rows = []
-    for case in dict.fromkeys(r["case"] for r in runs):
+    for run in runs:
+        run.setdefault("dtype", "float32")  # results written before --dtypes existed
+    groups = list(dict.fromkeys((r["case"], r["dtype"]) for r in runs))
+    for case, dtype in groups:
+        mine = [r for r in runs if r["case"] == case and r["dtype"] == dtype]
         by_engine = {}
-        for engine in ENGINES:
-            ok = [r for r in runs if r["case"] == case and r["engine"] == engine and "error" not in r]
-            errors = [r["error"] for r in runs
-                      if r["case"] == case and r["engine"] == engine and "error" in r]
-            if not ok and not errors:
-                continue
+        for engine in dict.fromkeys(r["engine"] for r in mine):
+            ok = [r for r in mine if r["engine"] == engine and "error" not in r]
+            errors = [r["error"] for r in mine if r["engine"] == engine and "error" in r]
+
+            def med(key: str, ok: list[dict] = ok) -> float | None:
+                vals = [r[key] for r in ok if key in r]
+                return statistics.median(vals) if vals else None
+
             by_engine[engine] = {
-                "tok_per_s": statistics.median(r["tok_per_s"] for r in ok) if ok else None,
+                "tok_per_s": med("tok_per_s"),
                 "tok_per_s_all": [round(r["tok_per_s"], 1) for r in ok],
-                "cpu_ms_per_token": (statistics.median(r["cpu_ms_per_token"] for r in ok)
-                                     if ok else None),
+                "cpu_ms_per_token": med("cpu_ms_per_token"),
+                "tok_per_cpu_s": (1000 / med("cpu_ms_per_token")) if ok else None,
+                "load_average": med("load_average"),
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
                 "max_logprob_error": max(r["max_logprob_error"] for r in ok) if ok else None,
+                "max_logprob_error_vs_fp32": max(
+                    (r["max_logprob_error_vs_fp32"] for r in ok
+                     if "max_logprob_error_vs_fp32" in r), default=None),
                 "errors": errors,
             }
         ref = by_engine.get("generate", {})
@@ -225,26 +284,29 @@ def summarise(runs: list[dict]) -> list[dict]:
             if stats["tok_per_s"] and ref.get("tok_per_s"):
                 ratio = stats["tok_per_s"] / ref["tok_per_s"]
                 cpu_ratio = ref["cpu_ms_per_token"] / stats["cpu_ms_per_token"]
-            rows.append({"case": case, "engine": engine, **stats, "vs_generate": ratio,
-                         "vs_generate_cpu": cpu_ratio})
+            rows.append({"case": case, "dtype": dtype, "engine": engine, **stats,
+                         "vs_generate": ratio, "vs_generate_cpu": cpu_ratio})
     return rows
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'case':<11} {'engine':<9} {'tok/s':>7} {'runs':>18} {'x gen':>6} "
-              f"{'CPU ms/tok':>10} {'x gen':>6} {'peak RSS MB':>11} {'max |dlogp|':>11}")
+    header = (f"{'case':<11} {'dtype':<8} {'engine':<9} {'tok/s':>7} {'runs':>14} {'x gen':>6} "
+              f"{'tok/CPU-s':>9} {'x gen':>6} {'load':>5} {'RSS MB':>7} {'|dlogp|':>8} "
+              f"{'vs fp32':>8}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        tps = f"{r['tok_per_s']:.1f}" if r["tok_per_s"] else "error"
-        rss = f"{r['peak_rss_mb']:.0f}" if r["peak_rss_mb"] else "-"
-        ratio = f"{r['vs_generate']:.2f}" if r["vs_generate"] else "-"
-        cpu_ratio = f"{r['vs_generate_cpu']:.2f}" if r["vs_generate_cpu"] else "-"
-        cpu = f"{r['cpu_ms_per_token']:.1f}" if r["cpu_ms_per_token"] else "-"
-        err = f"{r['max_logprob_error']:.1e}" if r["max_logprob_error"] is not None else "-"
         runs = ",".join(str(x) for x in r["tok_per_s_all"])
-        print(f"{r['case']:<11} {r['engine']:<9} {tps:>7} {runs:>18} {ratio:>6} {cpu:>10} "
-              f"{cpu_ratio:>6} {rss:>11} {err:>11}")
+        print(f"{r['case']:<11} {r['dtype']:<8} {r['engine']:<9} {_fmt(r['tok_per_s'], '.1f'):>7} "
+              f"{runs:>14} {_fmt(r['vs_generate'], '.2f'):>6} "
+              f"{_fmt(r['tok_per_cpu_s'], '.1f'):>9} {_fmt(r['vs_generate_cpu'], '.2f'):>6} "
+              f"{_fmt(r['load_average'], '.2f'):>5} {_fmt(r['peak_rss_mb'], '.0f'):>7} "
+              f"{_fmt(r['max_logprob_error'], '.1e'):>8} "
+              f"{_fmt(r['max_logprob_error_vs_fp32'], '.1e'):>8}")
         for e in r["errors"]:
             print(f"    {r['engine']} error: {e}")
 
@@ -253,30 +315,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--merge", action="store_true",
-                        help="keep the runs already in --out for (case, engine) pairs not re-run")
-    parser.add_argument("--child", nargs=2, metavar=("CASE", "ENGINE"), help=argparse.SUPPRESS)
+                        help="keep the runs already in --out for (case, dtype, engine) not re-run")
+    parser.add_argument("--child", nargs=3, metavar=("CASE", "ENGINE", "DTYPE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(CASES[args.child[0]], args.child[1])), flush=True)
+        print(json.dumps(run_child(CASES[args.child[0]], args.child[1], args.child[2])),
+              flush=True)
         return
     runs = []
     for name in args.cases:
         case = CASES[name]
         for repeat in range(case.repeats or args.repeats):
-            for engine in args.engines:
-                result = measure(case, engine, args.timeout)
-                runs.append(result)
-                shown = (f"{result['tok_per_s']:.1f} tok/s" if "tok_per_s" in result
-                         else result["error"])
-                print(f"[{name} #{repeat + 1}] {engine}: {shown}", flush=True)
+            for dtype in args.dtypes:
+                for engine in args.engines:
+                    result = measure(case, engine, dtype, args.timeout)
+                    runs.append(result)
+                    shown = (f"{result['tok_per_s']:.1f} tok/s, "
+                             f"{1000 / result['cpu_ms_per_token']:.1f} tok/CPU-s, "
+                             f"load {result['load_average']:.2f}"
+                             if "tok_per_s" in result else result["error"])
+                    print(f"[{name} {dtype} #{repeat + 1}] {engine}: {shown}", flush=True)
     if args.merge and args.out.exists():
-        redone = {(r["case"], r["engine"]) for r in runs}
+        redone = {(r["case"], r.get("dtype", "float32"), r["engine"]) for r in runs}
         old = json.loads(args.out.read_text())["runs"]
-        runs = [r for r in old if (r["case"], r["engine"]) not in redone] + runs
+        runs = [r for r in old
+                if (r["case"], r.get("dtype", "float32"), r["engine"]) not in redone] + runs
         order = list(CASES)
         runs.sort(key=lambda r: order.index(r["case"]))
     rows = summarise(runs)

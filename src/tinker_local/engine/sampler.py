@@ -108,6 +108,7 @@ class SamplerLoop:
         """One scheduling step; returns how many requests completed. If the step fails, every
         request in flight fails with the same exception (their futures raise it), the loop is
         emptied, and the exception propagates."""
+        self._drop_removed_adapters()
         try:
             with self.sampler.runner.eval_mode():
                 done = self.scheduler.step()
@@ -122,6 +123,23 @@ class SamplerLoop:
             assert state.response is not None
             future.set_result(state.response)
         return len(done)
+
+    def _drop_removed_adapters(self) -> None:
+        """Fail the requests whose adapter left the model since they were submitted (between
+        steps, the owner of the model may unload a sampler that still has requests here)."""
+        runner = self.sampler.runner
+        if not runner.is_peft or self.idle:
+            return
+        present = set(runner.model.peft_config)
+        used = {s.request.adapter for s, _ in self._futures.values()} - {None}
+        missing = used - present
+        if not missing:
+            return
+        for state in self.scheduler.drop_adapters(missing):
+            _, future = self._futures.pop(id(state))
+            future.set_exception(SamplingError(
+                f"adapter {state.request.adapter!r} was removed while sampling "
+                "(its sampler was unloaded)"))
 
     def run_until_idle(self) -> None:
         with self.sampler.runner.eval_mode():

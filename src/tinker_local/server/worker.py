@@ -5,9 +5,17 @@ and long-polls have to answer while a training step runs). So every engine call 
 this thread's FIFO queue. Per-model seq_id order is decided before a job is queued (see
 `sequencer.py`); the FIFO keeps it.
 
-Sampling jobs are special: when the worker reaches one, it takes every sampling job queued at
-that moment and hands them to `engine.sample_batch` in one call, so the sampler can batch
-across requests and adapters.
+Sampling jobs are special. With the real Engine, sampling is continuous batching
+(`engine.sampling.service.ContinuousSampling`): every sampling job is handed to the running
+decode batch as soon as the worker sees it (sampling jobs may thus overtake other jobs, as
+before) and joins it at the next decode step. Decoding runs in slices between other jobs: after
+each job the worker decodes until a job is waiting and the slice has lasted `sample_slice_s`
+(at least one step), then runs that job, then decodes again. So a long sample neither blocks
+training (`forward_backward` of another client waits at most about one slice) nor makes later
+sample requests wait for it to end. Stopping the worker fails requests still decoding.
+
+With an engine that has only `sample_batch` (test doubles), the worker takes every sampling job
+queued at that moment and hands them to `engine.sample_batch` in one call.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +44,7 @@ class _Job(Generic[T]):
     future: concurrent.futures.Future[T]
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity (the set of jobs decoding)
 class _SampleJob(Generic[T]):
     request: Any
     # Turns the engine's answer for this request (a response or an exception) into T.
@@ -50,15 +59,21 @@ class EngineWorker:
     creates) is only ever touched from that thread.
     """
 
-    def __init__(self, engine_factory: Callable[[], Any], name: str = "tinker-local-engine"):
+    def __init__(self, engine_factory: Callable[[], Any], name: str = "tinker-local-engine",
+                 sample_slice_s: float = 0.5):
         self._engine_factory = engine_factory
         self._engine: Any = None
+        self.sample_slice_s = sample_slice_s
+        self._sampling: Any = None  # ContinuousSampling, when the engine supports it
+        self._decoding: set[_SampleJob[Any]] = set()  # handed to continuous sampling
         self._queue: deque[_Job[Any] | _SampleJob[Any]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._ready = concurrent.futures.Future[None]()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.batch_sizes: list[int] = []  # sample_batch sizes, for tests and diagnostics
+        # For tests and diagnostics: sample_batch sizes, or (continuous) the number of requests
+        # in flight together after each admission.
+        self.batch_sizes: list[int] = []
 
     def start(self, timeout_s: float | None = None) -> None:
         """Start the thread and wait for the engine to be built (re-raises its failure).
@@ -93,6 +108,8 @@ class EngineWorker:
             _fail(job, WorkerStopped("the server is shutting down"))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
+        for job in list(self._decoding):  # the thread has left its loop (or is stuck)
+            _fail(job, WorkerStopped("the server is shutting down"))
 
     # -- worker thread ------------------------------------------------------------------------
 
@@ -127,7 +144,16 @@ class EngineWorker:
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             self._ready.set_exception(exc)
             return
+        try:
+            from tinker_local.engine.sampling.service import continuous_sampling
+
+            self._sampling = continuous_sampling(self._engine)
+        except ImportError:  # an engine-less install: plain sample_batch
+            self._sampling = None
         self._ready.set_result(None)
+        if self._sampling is not None:
+            self._run_continuous()
+            return
         while True:
             jobs = self._take()
             if jobs is None:
@@ -136,6 +162,69 @@ class EngineWorker:
                 self._run_job(jobs[0])
             else:
                 self._run_samples([j for j in jobs if isinstance(j, _SampleJob)])
+
+    # -- continuous sampling --------------------------------------------------------------------
+
+    def _run_continuous(self) -> None:
+        sampling = self._sampling
+        while True:
+            with self._cond:
+                while not self._queue and sampling.idle and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                samples = self._pop_samples()
+                job = self._queue.popleft() if self._queue else None
+            try:
+                self._admit(samples)
+                if job is not None:
+                    assert isinstance(job, _Job)
+                    self._run_job(job)
+                if not sampling.idle:
+                    self._decode_slice()
+            except Exception:  # never let the one engine thread die
+                logger.exception("engine worker loop failed")
+
+    def _pop_samples(self) -> list[_SampleJob[Any]]:
+        """Take every queued sampling job (call with the lock held); other jobs keep order."""
+        samples = [j for j in self._queue if isinstance(j, _SampleJob)]
+        if samples:
+            self._queue = deque(j for j in self._queue if isinstance(j, _Job))
+        return samples
+
+    def _admit(self, jobs: list[_SampleJob[Any]]) -> None:
+        for job in jobs:
+            self._decoding.add(job)
+            try:
+                self._sampling.submit(job.request, lambda answer, job=job: self._answer(job, answer))
+            except BaseException as exc:  # noqa: BLE001 - this request only
+                self._answer(job, exc)
+        if jobs:
+            self.batch_sizes.append(self._sampling.in_flight)
+
+    def _answer(self, job: _SampleJob[Any], answer: Any) -> None:
+        self._decoding.discard(job)
+        try:
+            _set(job.future, job.finish(answer))
+        except BaseException as exc:  # noqa: BLE001
+            _fail(job, exc)
+
+    def _decode_slice(self) -> None:
+        """Decode until another job is waiting and the slice has lasted `sample_slice_s`;
+        sampling jobs that arrive meanwhile join the batch at the next step."""
+        start = time.perf_counter()
+
+        def between() -> bool:
+            with self._cond:
+                samples = self._pop_samples()
+                job_waiting = bool(self._queue) or self._stopping
+            self._admit(samples)
+            return job_waiting and time.perf_counter() - start >= self.sample_slice_s
+
+        try:
+            self._sampling.run(max_steps=2**62, between=between)
+        except BaseException:  # run() reports step failures to the requests themselves
+            logger.exception("continuous sampling failed")
 
     def _run_job(self, job: _Job[Any]) -> None:
         try:

@@ -135,12 +135,11 @@ class DecodeBatch:
                 keep.append(i)
         self.pending = tokens
         if finished:
-            self._keep(keep)
+            self.keep(keep)
         return finished
 
-    # -- internals ------------------------------------------------------------------------
-
-    def _keep(self, keep: list[int]) -> None:
+    def keep(self, keep: list[int]) -> None:
+        """Keep only the rows at indices `keep` (the others leave without finishing)."""
         if not keep:
             self._reset()  # empty batch: release the cache
             return

@@ -7,7 +7,12 @@ linear with the weight packed once into its blocked layout (`_reorder_linear_wei
 inputs and outputs) was 2-4x faster here, for 32-row decode steps and for the 49k-wide output
 layer alike. Results differ from `F.linear` only by float32 rounding (~1e-6 relative).
 
-`packed_linears(model)` patches the forward of every large `nn.Linear` of a float32 CPU model
+bfloat16 models are packed too (oneDNN's bf16 kernels, float32 accumulation). There it matters
+even more for the output layer: `F.linear` on a non-contiguous 3-D bf16 input (HF's
+`hidden[:, -1:]`) became a `bmm` against the weight expanded per row (a 32 x 576 x 49152 copy,
+seconds per prefill).
+
+`packed_linears(model)` patches the forward of every large `nn.Linear` of a float32/bf16 CPU model
 (including the base layers inside peft's LoRA layers; the small LoRA matrices stay as they are)
 for the duration of a block. Packed weights are cached per weight tensor and repacked if the
 weight changes (its data pointer or version counter moves), so training in between is safe.
@@ -23,7 +28,8 @@ import torch
 from torch import nn
 
 MIN_WEIGHT_ELEMENTS = 256 * 256  # smaller matrices (LoRA A/B) are not worth packing
-MIN_ROWS = 4  # below this, except for very wide outputs, plain F.linear is faster
+MIN_ROWS = 4  # float32: below this, except for very wide outputs, plain F.linear is faster
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 WIDE_OUTPUT = 8192
 
 # id(weight) -> (weakref to weight, fingerprint of weight and bias, packed weight)
@@ -37,7 +43,7 @@ def available(model: nn.Module) -> bool:
         return False
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and p.device.type == "cpu"
-            and p.dtype == torch.float32
+            and p.dtype in PACKED_DTYPES
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
 
 
@@ -66,8 +72,9 @@ class _PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.module.weight, self.module.bias
         rows = x.numel() // x.shape[-1]
-        if (x.dtype != torch.float32 or torch.is_grad_enabled()
-                or (rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT)):
+        if (x.dtype != weight.dtype or torch.is_grad_enabled()
+                or (rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT
+                    and x.dtype == torch.float32)):
             return nn.functional.linear(x, weight, bias)
         packed_w = _packed(weight, bias, rows)
         flat = x.reshape(rows, x.shape[-1]).contiguous()

@@ -1,8 +1,11 @@
 """One forward pass of a HF causal LM (optionally a peft model with several LoRA adapters)
 against a `SlotCache`, with explicit per-row positions and attention mask.
 
-With peft, every call passes `adapter_names` (one per row, "__base__" for the bare model), so
-rows of one batch can use different adapters and the model's active adapter is never touched.
+With peft, rows of one batch can use different adapters (None = the bare model) and the model's
+active adapter is never touched: inside `eval_mode` the LoRA layers follow a per-forward row
+plan (`fused_lora`: no per-layer regrouping, no indexing when the batch uses one adapter);
+otherwise, and for models `fused_lora` does not cover, every call passes peft's
+`adapter_names` (one per row, "__base__" for the bare model).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
+from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.packed_linear import packed_linears
 from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
@@ -35,6 +39,7 @@ class ModelRunner:
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
+        self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
 
     def limits(self) -> ModelLimits:
         adapters: frozenset[str] = frozenset()
@@ -52,12 +57,23 @@ class ModelRunner:
         """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
         under inference_mode, with packed CPU linear layers; the caller's training flag and
         layers are restored afterwards."""
+        if self._plan is not None:  # nested: the outer block has set everything up
+            yield
+            return
         was_training = self.model.training
         if was_training:
             self.model.eval()
         try:
             with torch.inference_mode(), packed_linears(self.model):
-                yield
+                if not self.is_peft:
+                    yield
+                    return
+                with fused_lora(self.model) as plan:
+                    self._plan = plan
+                    try:
+                        yield
+                    finally:
+                        self._plan = None
         finally:
             if was_training:
                 self.model.train()
@@ -73,7 +89,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions."""
         kwargs = {}
-        if self.is_peft:
+        if self._plan is not None:
+            self._plan.set(adapters, self.device)
+        elif self.is_peft:
             kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in adapters]
         out = self.model(
             input_ids=input_ids,

@@ -85,6 +85,20 @@ class Scheduler:
                     done.append(owner)
         return done
 
+    def drop_adapters(self, missing: set[str]) -> list[RequestState]:
+        """Remove every request that uses an adapter in `missing` (queued or decoding);
+        returns them. Their other rows leave the decode batch at once."""
+        gone = [s for s in self.queue if s.request.adapter in missing]
+        self.queue = [s for s in self.queue if s.request.adapter not in missing]
+        if len(self.batch):
+            keep = [i for i, row in enumerate(self.batch.rows) if row.adapter not in missing]
+            if len(keep) < len(self.batch):
+                for row in self.batch.rows:
+                    if row.adapter in missing and row.owner not in gone:
+                        gone.append(row.owner)  # type: ignore[arg-type]
+                self.batch.keep(keep)
+        return gone
+
     # -- admission ------------------------------------------------------------------------
 
     def _admit(self, states: list[RequestState]) -> list[RequestState]:
