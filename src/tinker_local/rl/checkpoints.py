@@ -25,6 +25,7 @@ class CheckpointRecord:
     base_model: str = ""
     lora_rank: int = 0
     time: float = 0.0
+    value_state_path: str | None = None  # the value model's save_state (advantage_estimator="gae")
 
 
 def append_record(log_dir: str | Path, record: CheckpointRecord) -> None:

@@ -13,6 +13,28 @@ Loss and clipping
   everywhere; it only dilutes the batch. The removed fraction is logged, and a batch where every
   group is constant is skipped with a warning rather than trained on silently.
 
+PPO with a learned value model (`advantage_estimator="gae"`, a tinker-local extension)
+- A second LoRA training client with a scalar value head (`user_metadata`
+  {"tinker_local.value_head": "mlp"}, trained with loss `value_mse`) predicts the return at every
+  sampled token; advantages are per token from GAE (`gae.py`) with `gamma=1.0` (episodes are
+  short and the reward comes at the end: no reason to discount) and `gae_lambda=0.95` (the
+  usual bias/variance middle). Per-turn rewards sit on the last token of their turn. Advantages
+  are whitened over the minibatch when `normalize_advantages_by_std`. Constant-reward groups are
+  kept (the value baseline still gives them a signal) and `group_size=1` is allowed.
+- `ppo_epochs=1`: passes over each minibatch (forward_backward + optim_step each, for the policy
+  and the value model), all with the ratio to the sampler's logprobs, so the clip bounds how far
+  the epochs together move the policy. 2-4 is typical for PPO.
+- `vf_coef=1.0` multiplies the value loss's weights. The value model is a separate adapter with
+  its own AdamW, so unlike a shared-trunk PPO this does not trade policy against value
+  gradients, and Adam is (up to eps) invariant to a constant loss scale: it changes the critic
+  only through `grad_clip_norm`. `value_learning_rate` (default: the policy's) is the knob that
+  sets how fast the critic learns. `value_lora_rank` defaults to `lora_rank`.
+- `entropy_coef=0.0`: > 0 adds `-entropy_coef * H` per action token to the ppo loss, H the
+  full-vocabulary entropy of the learner's distribution, computed in the engine's chunked
+  unembedding pass (a tinker-local extension of `ppo`'s loss_fn_config; needs `loss_fn="ppo"`;
+  works with either advantage estimator). The hosted service has neither the value model nor
+  this key.
+
 Optimizer
 - `learning_rate=None` picks the hidden-size rule in `learning_rate.py`; AdamW beta1 0.9,
   beta2 0.95 (the Tinker defaults), eps 1e-8, no weight decay; `grad_clip_norm=1.0` caps the
@@ -42,6 +64,7 @@ from typing import Any, Literal
 from tinker_local.config import DEFAULT_BASE_MODEL
 
 LossFn = Literal["ppo", "importance_sampling", "cispo", "dro"]
+AdvantageEstimator = Literal["group", "gae"]
 
 
 @dataclass
@@ -67,6 +90,15 @@ class RLConfig:
     normalize_advantages_by_std: bool = True
     advantage_eps: float = 1e-6
     remove_constant_reward_groups: bool = True
+    # "group": group-relative baseline; "gae": learned value model + GAE (tinker-local extension)
+    advantage_estimator: AdvantageEstimator = "group"
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    ppo_epochs: int = 1
+    vf_coef: float = 1.0
+    value_learning_rate: float | None = None  # default: the policy's learning rate
+    value_lora_rank: int | None = None  # default: lora_rank
+    entropy_coef: float = 0.0
     # optimizer
     learning_rate: float | None = None
     beta1: float = 0.9
@@ -101,6 +133,15 @@ class RLConfig:
             "clip_low": 0 < self.clip_low <= 1,
             "clip_high": self.clip_high >= 1,
             "advantage_eps": self.advantage_eps >= 0,
+            "advantage_estimator": self.advantage_estimator in ("group", "gae"),
+            "gamma": 0 <= self.gamma <= 1,
+            "gae_lambda": 0 <= self.gae_lambda <= 1,
+            "ppo_epochs": self.ppo_epochs >= 1,
+            "vf_coef": self.vf_coef > 0,
+            "value_learning_rate": self.value_learning_rate is None
+            or self.value_learning_rate > 0,
+            "value_lora_rank": self.value_lora_rank is None or self.value_lora_rank >= 1,
+            "entropy_coef": self.entropy_coef >= 0,
             "learning_rate": self.learning_rate is None or self.learning_rate > 0,
             "grad_clip_norm": self.grad_clip_norm >= 0,
             "kl_penalty_coef": self.kl_penalty_coef >= 0,
@@ -116,7 +157,12 @@ class RLConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"RLConfig.{name} has an invalid value {getattr(self, name)!r}")
-        if self.group_size == 1:
+        if self.entropy_coef > 0 and self.loss_fn != "ppo":
+            raise ValueError(
+                f"RLConfig.entropy_coef needs loss_fn='ppo' (the entropy bonus is an extension "
+                f"of the ppo loss), got loss_fn={self.loss_fn!r}"
+            )
+        if self.group_size == 1 and self.advantage_estimator == "group":
             raise ValueError(
                 "RLConfig.group_size must be >= 2: advantages are relative to the group mean, "
                 "so a group of one never has a learning signal"
@@ -124,7 +170,10 @@ class RLConfig:
 
     def loss_fn_config(self) -> dict[str, float] | None:
         if self.loss_fn in ("ppo", "cispo"):
-            return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+            clip = {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+            if self.entropy_coef > 0:
+                clip["entropy_coef"] = self.entropy_coef
+            return clip
         if self.loss_fn == "dro":
             return {"beta": self.dro_beta}
         return None

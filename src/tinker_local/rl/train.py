@@ -27,6 +27,7 @@ from tinker_local.rl import checkpoints
 from tinker_local.rl.advantages import group_advantages, remove_constant_groups
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.data import (
+    TrainSequence,
     apply_kl_penalty,
     apply_truncated_importance_weights,
     group_sequences,
@@ -34,6 +35,14 @@ from tinker_local.rl.data import (
     ratio_metrics,
     to_datum,
     to_forward_datum,
+)
+from tinker_local.rl.gae import (
+    VALUE_MODEL_METADATA,
+    GaeBatch,
+    apply_gae,
+    episode,
+    output_values,
+    value_datum,
 )
 from tinker_local.rl.learning_rate import default_learning_rate
 from tinker_local.rl.metrics import MetricsLog
@@ -57,6 +66,21 @@ class TrainResult:
     last_eval: dict[str, float]
 
 
+def _entropy_metric(outputs: Sequence[dict], seqs: Sequence[TrainSequence]) -> dict[str, float]:
+    """Mean full-vocabulary entropy over action tokens, when the loss returned it."""
+    total = count = 0.0
+    for o, s in zip(outputs, seqs):
+        if "entropy" not in o:
+            return {}
+        entropy = o["entropy"]
+        entropy = entropy.tolist() if hasattr(entropy, "tolist") else list(entropy)
+        for e, m in zip(entropy, s.mask[1:]):
+            if m:
+                total += float(e)
+                count += 1
+    return {"entropy/mean": total / count} if count else {}
+
+
 def _group_seed(seed: int, step: int, index: int) -> int:
     # Deterministic per (run seed, step, group): a resumed run samples what the original would.
     return (seed * 1_000_003 + step * 10_007 + index * 101) % (2**31 - 1)
@@ -76,8 +100,14 @@ class Trainer:
         data_cursor: int = 0,
         on_step: StepCallback | None = None,
         stop_after_steps: int | None = None,
+        value_client: Any = None,
     ):
+        """`value_client`: the value model's training client (needed for
+        `advantage_estimator="gae"`)."""
+        if config.advantage_estimator == "gae" and value_client is None:
+            raise ValueError('advantage_estimator="gae" needs a value_client (a value model)')
         self.cfg = config
+        self.value_tc = value_client
         self.stop_after_steps = stop_after_steps
         self.service_client = service_client
         self.tc = training_client
@@ -95,6 +125,14 @@ class Trainer:
         )
         self.adam = tinker.AdamParams(
             learning_rate=self.learning_rate,
+            beta1=config.beta1,
+            beta2=config.beta2,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+            grad_clip_norm=config.grad_clip_norm,
+        )
+        self.value_adam = tinker.AdamParams(
+            learning_rate=config.value_learning_rate or self.learning_rate,
             beta1=config.beta1,
             beta2=config.beta2,
             eps=config.adam_eps,
@@ -135,23 +173,35 @@ class Trainer:
         return [0.0 if v is None else float(v) for v in values]
 
     async def train_minibatch(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """Filter, compute advantages, build datums, forward_backward + optim_step."""
+        """Advantages (group baseline, or GAE with the value model), datums, then `ppo_epochs`
+        rounds of forward_backward + optim_step (the value model trains alongside)."""
         cfg = self.cfg
         out: dict[str, float] = {}
-        if cfg.remove_constant_reward_groups:
-            kept = remove_constant_groups(groups, [g.rewards for g in groups]).kept
-        else:
-            kept = list(groups)
-        advantages = [
-            group_advantages(
-                g.rewards, normalize_std=cfg.normalize_advantages_by_std, eps=cfg.advantage_eps
-            )
-            for g in kept
-        ]
-        seqs = group_sequences(kept, advantages)
-        if not seqs or not any(a for advs in advantages for a in advs):
-            return {"skipped_minibatches": 1.0}
         started = time.perf_counter()
+        value_datums: list[tinker.Datum] = []
+        if cfg.advantage_estimator == "gae":
+            batch = await self._gae_batch(groups)
+            if batch is None:
+                return {"skipped_minibatches": 1.0}
+            seqs = batch.seqs
+            out.update(batch.metrics)
+            value_datums = [
+                value_datum(s, r, cfg.vf_coef) for s, r in zip(seqs, batch.returns)
+            ]
+        else:
+            if cfg.remove_constant_reward_groups:
+                kept = remove_constant_groups(groups, [g.rewards for g in groups]).kept
+            else:
+                kept = list(groups)
+            advantages = [
+                group_advantages(
+                    g.rewards, normalize_std=cfg.normalize_advantages_by_std, eps=cfg.advantage_eps
+                )
+                for g in kept
+            ]
+            seqs = group_sequences(kept, advantages)
+            if not seqs or not any(a for advs in advantages for a in advs):
+                return {"skipped_minibatches": 1.0}
         if cfg.kl_penalty_coef > 0:
             base = await asyncio.gather(*(self._base_logprobs(s.tokens) for s in seqs))
             out.update(apply_kl_penalty(seqs, base, cfg.kl_penalty_coef))
@@ -162,21 +212,69 @@ class Trainer:
             out.update(apply_truncated_importance_weights(seqs, learner, cfg.tis_cap))
             behaviour = learner
         datums = [to_datum(s, b) for s, b in zip(seqs, behaviour)]
+        if cfg.entropy_coef > 0:  # the bonus applies where weights > 0: the action tokens
+            datums = [
+                tinker.Datum(
+                    model_input=d.model_input,
+                    loss_fn_inputs={**d.loss_fn_inputs, "weights": [float(m) for m in s.mask[1:]]},
+                )
+                for d, s in zip(datums, seqs)
+            ]
         out["time/data"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        fb_future = self.tc.forward_backward(datums, cfg.loss_fn, cfg.loss_fn_config())
-        optim_future = self.tc.optim_step(self.adam)
-        fb = await fb_future
-        optim = await optim_future
+        for epoch in range(cfg.ppo_epochs):
+            fb_future = self.tc.forward_backward(datums, cfg.loss_fn, cfg.loss_fn_config())
+            optim_future = self.tc.optim_step(self.adam)
+            if value_datums:
+                value_fb_future = self.value_tc.forward_backward(value_datums, "value_mse")
+                value_optim_future = self.value_tc.optim_step(self.value_adam)
+            fb = await fb_future
+            optim = await optim_future
+            learner_now = [
+                output_logprobs(o, len(s.tokens)) for o, s in zip(fb.loss_fn_outputs, seqs)
+            ]
+            ratios = ratio_metrics(seqs, learner_now, behaviour, cfg.clip_low, cfg.clip_high)
+            if epoch == 0:  # the policy before this minibatch's updates
+                out.update(ratios)
+                out.update({f"train/{k}": float(v) for k, v in (fb.metrics or {}).items()})
+                optim_metrics = getattr(optim, "metrics", None) or {}
+                out.update({f"optim/{k}": float(v) for k, v in optim_metrics.items()})
+                out.update(_entropy_metric(fb.loss_fn_outputs, seqs))
+            if epoch == cfg.ppo_epochs - 1 and cfg.ppo_epochs > 1:  # how far the epochs went
+                for key in ("ratio/clipped_fraction", "kl_behaviour_learner"):
+                    if key in ratios:
+                        out[f"{key}_last_epoch"] = ratios[key]
+            if value_datums:
+                value_fb = await value_fb_future
+                await value_optim_future
+                weight = sum(float(m) for s in seqs for m in s.mask[1:]) * cfg.vf_coef
+                loss = float((value_fb.metrics or {}).get("loss:sum", 0.0))
+                out[f"value/loss_epoch{epoch}" if epoch else "value/loss"] = loss / max(weight, 1e-9)
         out["time/train"] = time.perf_counter() - started
-        learner_now = [output_logprobs(o, len(s.tokens)) for o, s in zip(fb.loss_fn_outputs, seqs)]
-        out.update(ratio_metrics(seqs, learner_now, behaviour, cfg.clip_low, cfg.clip_high))
-        out.update({f"train/{k}": float(v) for k, v in (fb.metrics or {}).items()})
-        optim_metrics = getattr(optim, "metrics", None) or {}
-        out.update({f"optim/{k}": float(v) for k, v in optim_metrics.items()})
         out["datums"] = float(len(datums))
         return out
+
+    async def _gae_batch(self, groups: Sequence[TrajectoryGroup]) -> GaeBatch | None:
+        """Per-token GAE advantages from the value model's current predictions."""
+        episodes = [
+            episode(traj, final_bonus=total - traj.total_reward)
+            for g in groups
+            for traj, total in zip(g.trajectories, g.rewards)
+        ]
+        episodes = [e for e in episodes if e.steps]
+        seqs = [s for e in episodes for s in e.seqs]
+        if not seqs:
+            return None
+        read = await self.value_tc.forward([value_datum(s) for s in seqs], "value_mse")
+        values = [output_values(o, len(s.tokens)) for o, s in zip(read.loss_fn_outputs, seqs)]
+        return apply_gae(
+            episodes,
+            values,
+            gamma=self.cfg.gamma,
+            lam=self.cfg.gae_lambda,
+            normalize=self.cfg.normalize_advantages_by_std,
+        )
 
     async def train_stream(
         self, step: int, stream: AsyncIterator[TrajectoryGroup]
@@ -234,6 +332,9 @@ class Trainer:
         sampler_path = None
         if final:
             sampler_path = (await self.tc.save_weights_for_sampler(name)).path
+        value_state_path = None
+        if self.value_tc is not None:
+            value_state_path = (await self.value_tc.save_state(name)).path
         record = checkpoints.CheckpointRecord(
             step=step,
             state_path=state.path,
@@ -242,6 +343,7 @@ class Trainer:
             final=final,
             base_model=self.cfg.base_model,
             lora_rank=self.cfg.lora_rank,
+            value_state_path=value_state_path,
         )
         checkpoints.append_record(self.cfg.log_dir, record)
         return record
@@ -334,6 +436,8 @@ class Trainer:
         )
 
     def _warn_if_all_constant(self, step: int, values: dict[str, Any]) -> None:
+        if self.cfg.advantage_estimator != "group":  # GAE trains on constant groups too
+            return
         if values.get("constant_group_fraction", 0.0) >= 1.0:
             logger.warning(
                 "step %d: every group had constant rewards (mean reward %.3f), so there is no "
@@ -382,6 +486,23 @@ async def train(
             base_model=config.base_model, rank=config.lora_rank, seed=config.seed
         )
         start_step, cursor = 0, 0
+    value_client = None
+    if config.advantage_estimator == "gae":
+        if record is not None and record.value_state_path:
+            value_client = (
+                await service_client.create_training_client_from_state_with_optimizer(
+                    record.value_state_path
+                )
+            )
+        elif record is not None:
+            raise ValueError(f"{config.log_dir} has no value model checkpoint to resume GAE from")
+        else:
+            value_client = await service_client.create_lora_training_client(
+                base_model=config.base_model,
+                rank=config.value_lora_rank or config.lora_rank,
+                seed=config.seed + 1,
+                user_metadata=dict(VALUE_MODEL_METADATA),
+            )
     tokenizer = training_client.get_tokenizer()
     train_data, test_data = make_datasets(tokenizer)
     trainer = Trainer(
@@ -395,6 +516,7 @@ async def train(
         data_cursor=cursor,
         on_step=on_step,
         stop_after_steps=stop_after_steps,
+        value_client=value_client,
     )
     return await trainer.run()
 
