@@ -46,16 +46,22 @@ class EvenTurnsEnv(Env):
 
 
 class Builder(EnvGroupBuilder):
+    def __init__(self, size: int):
+        self.size = size
+
     async def make_envs(self):
-        return [EvenTurnsEnv() for _ in range(8)]
+        return [EvenTurnsEnv() for _ in range(self.size)]
 
 
 class Data(RLDataset):
+    def __init__(self, groups: int = 2, group_size: int = 8):
+        self.groups, self.group_size = groups, group_size
+
     def __len__(self):
         return 10_000
 
     def get_batch(self, index):
-        return [Builder() for _ in range(2)]
+        return [Builder(self.group_size) for _ in range(self.groups)]
 
 
 def test_gae_ppo_learns_a_two_turn_world(tmp_path):
@@ -97,3 +103,29 @@ def test_gae_ppo_learns_a_two_turn_world(tmp_path):
     assert min(value_losses[-3:]) < value_losses[0], value_losses
     final = checkpoints.last_record(cfg.log_dir)
     assert final.final and final.value_state_path and final.value_state_path.startswith("tinker://")
+
+
+def test_gae_run_pauses_and_resumes_with_its_value_model(tmp_path):
+    cfg = RLConfig(
+        log_dir=str(tmp_path / "run"),
+        base_model=config.TINY_TEST_MODEL,
+        lora_rank=4,
+        max_steps=2,
+        batch_size=1,
+        group_size=2,
+        max_tokens=1,
+        top_k=4,
+        learning_rate=1e-2,
+        advantage_estimator="gae",
+        eval_every=0,
+        save_every=0,
+    )
+    first = run(cfg, lambda tok: (Data(1, 2), None), stop_after_steps=1)
+    assert first.steps_done == 1
+    paused = checkpoints.last_record(cfg.log_dir)
+    assert not paused.final and paused.value_state_path
+    second = run(cfg, lambda tok: (Data(1, 2), None))
+    assert second.steps_done == 2
+    records = checkpoints.read_records(cfg.log_dir)
+    assert [r.step for r in records] == [1, 2]
+    assert records[-1].final and records[-1].value_state_path != paused.value_state_path
