@@ -111,13 +111,17 @@ def run_child(case: Case, engine: str, dtype: str) -> dict:
         "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
     }
     # Exactness: logprobs of a few sequences against one teacher-forced forward pass.
-    result["max_logprob_error"] = _logprob_error(base.model, prompts, case.samples, sequences)
+    stats: dict = {}
+    result["max_logprob_error"] = _logprob_error(base.model, prompts, case.samples, sequences,
+                                                 stats=stats)
+    result["mean_logprob_error"] = stats["mean"]
     if dtype != "float32":
         fp32 = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
         if adapter is not None:
             _add_lora(fp32, like=base.model)
         result["max_logprob_error_vs_fp32"] = _logprob_error(
-            fp32.model, prompts, case.samples, sequences)
+            fp32.model, prompts, case.samples, sequences, stats=stats)
+        result["mean_logprob_error_vs_fp32"] = stats["mean"]
     return result
 
 
@@ -200,18 +204,23 @@ def _run_vllm(base, prompts, samples, new_tokens):  # pragma: no cover - needs v
     ]
 
 
-def _logprob_error(model, prompts, samples, sequences, check=4) -> float:
+def _logprob_error(model, prompts, samples, sequences, check=4, stats=None) -> float:
+    """Max |sampled - teacher-forced| logprob over the first `check` sequences (the forward in
+    the model's own dtype, log-softmax in float32); `stats` gets the mean too."""
     import torch
 
-    worst = 0.0
+    errors = []
     with torch.inference_mode():
         for i, (tokens, logprobs) in enumerate(sequences[:check]):
             prompt = prompts[i // samples]
             logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
             logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
             expected = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-            worst = max(worst, (expected - torch.tensor(logprobs)).abs().max().item())
-    return worst
+            errors.append((expected - torch.tensor(logprobs)).abs())
+    error = torch.cat(errors)
+    if stats is not None:
+        stats["mean"] = error.mean().item()
+    return error.max().item()
 
 
 def _peak_rss_mb() -> float:
@@ -273,6 +282,8 @@ def summarise(runs: list[dict]) -> list[dict]:
                 "load_average": med("load_average"),
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in ok) if ok else None,
                 "max_logprob_error": max(r["max_logprob_error"] for r in ok) if ok else None,
+                "mean_logprob_error": max((r.get("mean_logprob_error", 0.0) for r in ok),
+                                          default=None),
                 "max_logprob_error_vs_fp32": max(
                     (r["max_logprob_error_vs_fp32"] for r in ok
                      if "max_logprob_error_vs_fp32" in r), default=None),

@@ -12,7 +12,12 @@ block; `LoraPlan.set(adapters)` tells them, once per forward, which rows use whi
   own single-adapter formula, so the result equals a plain forward with that adapter active);
 - all rows the bare base: `base(x)` only;
 - a mix: one `index_select` / `index_add` per adapter with index tensors built once per forward.
-The base layers stay whatever they are (packed oneDNN linears inside `packed_linears`).
+The base layers stay whatever they are (packed oneDNN linears inside `packed_linears`). The
+update is `out += (x @ A^T) @ (scaling * B)^T`, two matrix products into the base output in
+place, with A^T and (scaling * B)^T cached per adapter weight (re-made when the weight changes,
+like the packed base weights). Adapters stay in their own dtype (peft keeps them float32 under
+a bf16 base, as training does): x is cast to it and the update is added to the base output,
+rounding to the base dtype once, as peft's own forward does.
 
 Not used (the caller falls back to `adapter_names`) when the model has LoRA layers this does not
 cover: other layer types (embeddings, convolutions) or LoRA variants (DoRA, aLoRA).
@@ -20,6 +25,7 @@ cover: other layer types (embeddings, convolutions) or LoRA variants (DoRA, aLoR
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -111,15 +117,40 @@ class _FusedForward:
         if groups is None or args or kwargs or layer.disable_adapters or layer.merged:
             return type(layer).forward(layer, x, *args, **kwargs)
         result = layer.base_layer(x)
-        dtype = result.dtype
         for name, rows in groups:
             if name not in layer.lora_A:
                 continue  # this adapter does not target this layer
-            lora_a, lora_b, scaling = layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
-            if rows is None:  # peft's single-adapter formula
-                result = result + lora_b(lora_a(x.to(lora_a.weight.dtype))) * scaling
-            else:  # peft's mixed-batch formula, with the row indices built once per forward
-                sub = x.index_select(0, rows).to(lora_a.weight.dtype)
-                update = (lora_b(lora_a(sub)) * scaling).to(dtype)
-                result = result.index_add(0, rows, update)
-        return result.to(dtype)
+            a_t, b_t = _factors(layer.lora_A[name].weight, layer.lora_B[name].weight,
+                                layer.scaling[name])
+            if rows is None:  # every row: into the base output in place
+                flat = x.reshape(-1, x.shape[-1]).to(a_t.dtype)
+                out = result.view(-1, result.shape[-1])
+                if out.dtype == b_t.dtype:
+                    out.addmm_(flat @ a_t, b_t)
+                else:
+                    out.add_((flat @ a_t) @ b_t)
+            else:  # the rows of this adapter (index tensors built once per forward)
+                sub = x.index_select(0, rows)
+                flat = sub.reshape(-1, sub.shape[-1]).to(a_t.dtype)
+                update = ((flat @ a_t) @ b_t).view(*sub.shape[:-1], -1)
+                result.index_add_(0, rows, update.to(result.dtype))
+        return result
+
+
+# id(B weight) -> (weakrefs to A and B, their fingerprints and scaling, A^T, (scaling * B)^T)
+_factor_cache: dict[int, tuple] = {}
+
+
+def _factors(a: torch.Tensor, b: torch.Tensor, scaling: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    key = id(b)
+    fingerprint = (a.data_ptr(), a._version, b.data_ptr(), b._version, float(scaling))
+    entry = _factor_cache.get(key)
+    if entry is not None and entry[0]() is a and entry[1]() is b and entry[2] == fingerprint:
+        return entry[3], entry[4]
+    with torch.no_grad():
+        a_t = a.detach().t().contiguous()
+        b_t = (b.detach() * scaling).t().contiguous()
+    ref_b = weakref.ref(b, lambda _, k=key: _factor_cache.pop(k, None))
+    _factor_cache[key] = (weakref.ref(a), ref_b, fingerprint, a_t, b_t)
+    return a_t, b_t
