@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import pytest
@@ -58,3 +59,17 @@ def test_config_validation_and_loss_config(tmp_path):
         RLConfig.from_dict({"log_dir": "x", "nope": 1})
     cfg.save(tmp_path / "c.json")
     assert RLConfig.from_dict(json.loads((tmp_path / "c.json").read_text())) == cfg
+
+
+def test_cosine_schedule_decays_to_the_minimum_ratio_and_constant_stays():
+    from tinker_local.rl.learning_rate import scheduled_learning_rate
+
+    cosine = RLConfig(log_dir="x", max_steps=11, lr_schedule="cosine", lr_min_ratio=0.1)
+    rates = [scheduled_learning_rate(cosine, 1e-3, step) for step in range(11)]
+    assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(1e-4)
+    assert rates[5] == pytest.approx(0.55e-3)  # half way: mean of peak and floor
+    assert all(a > b for a, b in itertools.pairwise(rates))
+    constant = RLConfig(log_dir="x", max_steps=11)
+    assert {scheduled_learning_rate(constant, 1e-3, s) for s in range(11)} == {1e-3}
+    with pytest.raises(ValueError, match="lr_schedule"):
+        RLConfig(log_dir="x", lr_schedule="linear-ish")

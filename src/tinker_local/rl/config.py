@@ -40,6 +40,8 @@ Optimizer
   beta2 0.95 (the Tinker defaults), eps 1e-8, no weight decay; `grad_clip_norm=1.0` caps the
   occasional huge policy-gradient step (the cookbook runs without clipping, which the audit
   flagged).
+- `lr_schedule="constant"` (as the cookbook's RL recipes); `"cosine"` decays from the peak to
+  `lr_min_ratio` x peak over `max_steps`, which steadies the end of a short run.
 
 Sampling and evaluation
 - `temperature=1.0`: the policy gradient is unbiased only for the distribution we sample from,
@@ -101,6 +103,8 @@ class RLConfig:
     entropy_coef: float = 0.0
     # optimizer
     learning_rate: float | None = None
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_min_ratio: float = 0.1  # cosine: the last step's rate as a share of the peak
     beta1: float = 0.9
     beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -143,6 +147,8 @@ class RLConfig:
             "value_lora_rank": self.value_lora_rank is None or self.value_lora_rank >= 1,
             "entropy_coef": self.entropy_coef >= 0,
             "learning_rate": self.learning_rate is None or self.learning_rate > 0,
+            "lr_schedule": self.lr_schedule in ("constant", "cosine"),
+            "lr_min_ratio": 0 <= self.lr_min_ratio <= 1,
             "grad_clip_norm": self.grad_clip_norm >= 0,
             "kl_penalty_coef": self.kl_penalty_coef >= 0,
             "tis_cap": self.tis_cap is None or self.tis_cap >= 1,

@@ -7,7 +7,12 @@ reward and evaluation plots are.
 
 The recipe (measured on a 2-core CPU; see the RL report in the README): LoRA rank 16 on every
 linear layer, learning rate 5e-4, 8 problems x 8 samples per step, temperature 1 with top-k 50,
-32 new tokens, std-normalised group advantages, PPO clipping.
+32 new tokens, PPO clipping, and group advantages *without* division by the group's standard
+deviation (the Dr. GRPO variant). Why not std-normalised: the reward has a 0.1 bonus for a bare
+number, and in a group where nobody is right, dividing by a std of ~0.05 turns that bonus into
+advantages as large as correctness gets. Measured on seed 0: with it, the model first learned to
+answer with bare (mostly wrong) numbers and was at 6 % greedy after 25 steps (another run: 30 %
+after 20); without it, it kept its "23 + 58 = 81" working, and reached 73.5 % after 25 steps.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) ->
         temperature=1.0,
         top_k=50,
         learning_rate=learning_rate,
-        eval_every=20,  # a 200-problem greedy evaluation costs several training steps
+        normalize_advantages_by_std=False,  # see the module docstring
+        lr_schedule="cosine",  # down to 10 % by the last step: steadies the end of a short run
+        eval_every=25,  # a 200-problem greedy evaluation costs about as much as five steps
         save_every=10,
         eval_transcripts=200,
     )
@@ -90,7 +97,7 @@ def report(result: TrainResult, seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tinker-local demo", description=__doc__)
     parser.add_argument("--log-dir", default=None, help="default runs/rl-demo-seed<seed>")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     args = parser.parse_args(argv)

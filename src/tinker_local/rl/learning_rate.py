@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinker_local.sl.schedule import WarmupCosine
+
 BASE_LR = 5e-5
 LORA_MULTIPLIER = 10.0
 REFERENCE_HIDDEN = 2000
@@ -71,3 +73,12 @@ def default_learning_rate(base_model: str, tokenizer: Any | None = None) -> floa
     candidates = [getattr(tokenizer, "name_or_path", "") or "", base_model]
     hidden, model_type = read_model_config(candidates)
     return lora_learning_rate(hidden, model_type)
+
+
+def scheduled_learning_rate(config: Any, peak: float, step: int) -> float:
+    """The learning rate of RL step `step` under `config.lr_schedule` ("constant" or "cosine"
+    from `peak` down to `config.lr_min_ratio` x peak on the last of `config.max_steps`)."""
+    if config.lr_schedule == "constant":
+        return peak
+    schedule = WarmupCosine(peak, config.max_steps, min_ratio=config.lr_min_ratio)
+    return schedule(min(step, config.max_steps - 1))

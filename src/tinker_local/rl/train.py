@@ -44,7 +44,7 @@ from tinker_local.rl.gae import (
     output_values,
     value_datum,
 )
-from tinker_local.rl.learning_rate import default_learning_rate
+from tinker_local.rl.learning_rate import default_learning_rate, scheduled_learning_rate
 from tinker_local.rl.metrics import MetricsLog
 from tinker_local.rl.off_policy import OffPolicySampler
 from tinker_local.rl.rollouts import SamplingSettings, TrajectoryGroup, rollout_group
@@ -371,6 +371,9 @@ class Trainer:
             for step in range(self.start_step, cfg.max_steps):
                 final_record = None
                 step_started = time.perf_counter()
+                self.adam = self.adam.model_copy(
+                    update={"learning_rate": scheduled_learning_rate(self.cfg, self.learning_rate, step)}
+                )
                 sampler = await self.tc.save_weights_and_get_sampling_client()
                 values: dict[str, Any] = {}
                 if cfg.eval_every and step % cfg.eval_every == 0 or step == self.start_step == 0:
@@ -395,7 +398,7 @@ class Trainer:
                     values["off_policy/stale_dropped_total"] = float(off_policy.stale_dropped)
                 self._warn_if_all_constant(step, values)
                 values["progress/done_frac"] = (step + 1) / cfg.max_steps
-                values["optim/learning_rate"] = self.learning_rate
+                values["optim/learning_rate"] = self.adam.learning_rate
                 pause = (
                     self.stop_after_steps is not None
                     and step + 1 - self.start_step >= self.stop_after_steps
