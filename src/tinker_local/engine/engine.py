@@ -342,28 +342,15 @@ class Engine:
     ) -> list[types.SampleResponse | EngineError]:
         """Sample every request; one batch per base model (adapters mix within a batch). A bad
         request gets its own EngineError and does not affect the others."""
-        from tinker_local.engine.sampler import GenRequest, SamplingError
+        from tinker_local.engine.sampler import SamplingError
 
         results: list[types.SampleResponse | EngineError | None] = [None] * len(requests)
         groups: dict[str, list[tuple[int, Any]]] = {}
         for index, request in enumerate(requests):
             try:
-                entry = self._sampler(request.sampler_id)
-                base = self._bases[entry.base_model]
-                adapter = None if entry.adapter_key is None else (
-                    base.pool.adapter_name(entry.adapter_key)
-                )
-                gen = GenRequest(
-                    prompt=list(request.prompt),
-                    params=request.sampling_params,
-                    num_samples=request.num_samples,
-                    adapter_name=adapter,
-                    prompt_logprobs=request.prompt_logprobs,
-                    topk_prompt_logprobs=request.topk_prompt_logprobs,
-                    topk_sample_logprobs=request.topk_sample_logprobs,
-                )
-                self._base_sampler(base).validate(gen)
-                groups.setdefault(entry.base_model, []).append((index, gen))
+                base_model, sampler, gen = self.prepare_sample(request)
+                sampler.validate(gen)
+                groups.setdefault(base_model, []).append((index, gen))
             except SamplingError as error:
                 results[index] = user_error(f"sample request {index}: {error}")
             except EngineError as error:
@@ -382,6 +369,25 @@ class Engine:
             for (index, _), response in zip(items, responses):
                 results[index] = response
         return [r if r is not None else EngineError("no result", "server") for r in results]
+
+    def prepare_sample(self, request: SampleRequest) -> tuple[str, Any, Any]:
+        """(base model name, that base's `Sampler`, the request as a `GenRequest`): what both
+        `sample_batch` and the server's continuous batching (`sampling/service.py`) decode."""
+        from tinker_local.engine.sampler import GenRequest
+
+        entry = self._sampler(request.sampler_id)
+        base = self._bases[entry.base_model]
+        adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
+        gen = GenRequest(
+            prompt=list(request.prompt),
+            params=request.sampling_params,
+            num_samples=request.num_samples,
+            adapter_name=adapter,
+            prompt_logprobs=request.prompt_logprobs,
+            topk_prompt_logprobs=request.topk_prompt_logprobs,
+            topk_sample_logprobs=request.topk_sample_logprobs,
+        )
+        return entry.base_model, self._base_sampler(base), gen
 
     def unload_sampler(self, sampler_id: str) -> None:
         entry = self._sampler(sampler_id)

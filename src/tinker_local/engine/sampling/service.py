@@ -15,9 +15,7 @@ Work done between slices must not disturb rows in flight. Training only touches 
 every slice re-enters eval/inference mode. An adapter removed between slices (its sampler
 unloaded) fails just the requests that use it, at the next step.
 
-Hook: this reads four Engine internals (`_sampler`, `_bases`, `_base_sampler`, `pool`), since
-`engine.py` has no public per-request entry point yet; `continuous_sampling(engine)` prefers an
-`engine.continuous_sampling()` method if the engine grows one.
+Requests are resolved with `Engine.prepare_sample`, the same step `Engine.sample_batch` uses.
 """
 
 from __future__ import annotations
@@ -38,9 +36,6 @@ Done = Callable[[Any], None]  # receives a types.SampleResponse or an EngineErro
 def continuous_sampling(engine: Any) -> ContinuousSampling | None:
     """A `ContinuousSampling` for `engine`, or None when it cannot do it (a test double that
     only implements `sample_batch`): the caller then falls back to `sample_batch`."""
-    hook = getattr(engine, "continuous_sampling", None)
-    if callable(hook):
-        return hook()
     from tinker_local.engine.engine import Engine
 
     if isinstance(engine, Engine):
@@ -62,27 +57,13 @@ class ContinuousSampling:
     def submit(self, request: Any, done: Done) -> None:
         """Validate `request` (an engine `SampleRequest`) and queue it; a bad one is answered
         at once with a user `EngineError`."""
-        from tinker_local.engine.sampler import GenRequest, SamplerLoop, SamplingError
+        from tinker_local.engine.sampler import SamplerLoop, SamplingError
 
         try:
-            entry = self.engine._sampler(request.sampler_id)
-            base = self.engine._bases[entry.base_model]
-            adapter = None if entry.adapter_key is None else (
-                base.pool.adapter_name(entry.adapter_key)
-            )
-            gen = GenRequest(
-                prompt=list(request.prompt),
-                params=request.sampling_params,
-                num_samples=request.num_samples,
-                adapter_name=adapter,
-                prompt_logprobs=request.prompt_logprobs,
-                topk_prompt_logprobs=request.topk_prompt_logprobs,
-                topk_sample_logprobs=request.topk_sample_logprobs,
-            )
-            sampler = self.engine._base_sampler(base)
-            loop = self._loops.get(entry.base_model)
+            base_model, sampler, gen = self.engine.prepare_sample(request)
+            loop = self._loops.get(base_model)
             if loop is None or loop.sampler is not sampler:
-                loop = self._loops[entry.base_model] = SamplerLoop(sampler)
+                loop = self._loops[base_model] = SamplerLoop(sampler)
             future = loop.submit(gen)
         except SamplingError as error:
             done(user_error(f"sample request: {error}"))
