@@ -2,7 +2,8 @@
 
 Both train LoRA rank 16 on every linear layer of SmolLM2-135M-Instruct on two-digit addition
 (correct + 0.1 format bonus), 8 problems x 8 samples per step, 32 new tokens, temperature 1 with
-top-k 50, learning rate 5e-4, std-normalised group advantages, no KL term. Start-up (server,
+top-k 50, constant learning rate 5e-4, group advantages without std division (Dr. GRPO), no KL
+term. Start-up (server,
 model loading) is excluded; only optimizer steps are timed. Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/rl_vs_trl.py --steps 10 [--skip-trl] [--out bench.json]
@@ -31,6 +32,7 @@ def run_tinker_local(steps: int, seed: int, log_dir: str) -> dict[str, Any]:
 
     cfg = demo_config(log_dir, steps=steps, seed=seed, learning_rate=LR)
     cfg.eval_every, cfg.save_every = 0, 0
+    cfg.lr_schedule = "constant"  # as TRL's run below
 
     def datasets(tokenizer: Any):
         data = arithmetic.make_dataset(tokenizer, batch_size=BATCH, group_size=GROUP, seed=seed)
@@ -88,7 +90,7 @@ def run_trl(steps: int, seed: int, out_dir: str) -> dict[str, Any]:
         learning_rate=LR,
         lr_scheduler_type="constant",
         beta=0.0,
-        scale_rewards="group",
+        scale_rewards="none",  # Dr. GRPO, as the tinker-local demo recipe
         max_grad_norm=1.0,
         logging_steps=1,
         use_cpu=True,
