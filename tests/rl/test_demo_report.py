@@ -37,8 +37,10 @@ def test_report_shows_accuracy_intervals_and_answers_before_after(tmp_path):
     assert "'What is 23 + 58?': 'To add 23 and 58, we' -> '81'" in text
 
 
-def test_demo_recipe_matches_the_measured_hand_rolled_loop(tmp_path):
+def test_demo_recipe_is_the_measured_one(tmp_path):
+    """The hand-rolled loop's settings, except Dr. GRPO advantages and a cosine lr (see the
+    demo's docstring for the measurement behind both)."""
     cfg = demo_config(str(tmp_path), steps=40, seed=1, learning_rate=5e-4)
     assert (cfg.lora_rank, cfg.batch_size, cfg.group_size, cfg.max_tokens) == (16, 8, 8, 32)
     assert (cfg.temperature, cfg.top_k, cfg.learning_rate) == (1.0, 50, 5e-4)
-    assert cfg.normalize_advantages_by_std and cfg.seed == 1
+    assert not cfg.normalize_advantages_by_std and cfg.lr_schedule == "cosine" and cfg.seed == 1
