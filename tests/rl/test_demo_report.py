@@ -44,3 +44,4 @@ def test_demo_recipe_is_the_measured_one(tmp_path):
     assert (cfg.lora_rank, cfg.batch_size, cfg.group_size, cfg.max_tokens) == (16, 8, 8, 32)
     assert (cfg.temperature, cfg.top_k, cfg.learning_rate) == (1.0, 50, 5e-4)
     assert not cfg.normalize_advantages_by_std and cfg.lr_schedule == "cosine" and cfg.seed == 1
+    assert cfg.eval_every == 0  # before the first and after the last step only

@@ -1,7 +1,7 @@
 """The demo behind `make run`: RL teaches SmolLM2-135M-Instruct two-digit addition, on a CPU.
 
 It trains LoRA with the RL loop on "What is 23 + 58?" problems (reward: correct + 0.1 for a
-bare-number answer), evaluates greedily on 200 held-out problems before, during and after, and
+bare-number answer), evaluates greedily on 200 held-out problems before and after training, and
 prints accuracy with 80 % Jeffreys intervals, sample answers before/after, and where the
 reward and evaluation plots are.
 
@@ -45,7 +45,9 @@ def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) ->
         learning_rate=learning_rate,
         normalize_advantages_by_std=False,  # see the module docstring
         lr_schedule="cosine",  # down to 10 % by the last step: steadies the end of a short run
-        eval_every=25,  # a 200-problem greedy evaluation costs about as much as five steps
+        # Evaluate before the first and after the last step only: a 200-problem greedy evaluation
+        # costs about five training steps, and ten more steps helped more than a midpoint.
+        eval_every=0,
         save_every=10,
         eval_transcripts=200,
     )
@@ -97,7 +99,7 @@ def report(result: TrainResult, seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tinker-local demo", description=__doc__)
     parser.add_argument("--log-dir", default=None, help="default runs/rl-demo-seed<seed>")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     args = parser.parse_args(argv)
