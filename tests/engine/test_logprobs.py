@@ -7,7 +7,6 @@ import platform
 import pytest
 import torch
 
-from tinker_local.engine.adapters import AdapterPool, LoraSpec
 from tinker_local.engine.logprobs import (
     Sequence,
     activation_checkpointing,
@@ -17,20 +16,6 @@ from tinker_local.engine.logprobs import (
     sequence_logprobs,
     split_causal_lm,
 )
-
-
-@pytest.fixture
-def pool(tiny_base) -> AdapterPool:
-    """The tiny model with one adapter whose B matrices are random (so LoRA changes outputs),
-    including LoRA on the tied lm_head."""
-    pool = AdapterPool("tiny", tiny_base.model)
-    pool.create("a", LoraSpec(rank=4, seed=0))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in pool.parameters("a").items():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return pool
 
 
 def _sequences(lengths: list[int], vocab: int, k: int | None = None) -> list[Sequence]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_logprobs import _sequences  # random sequences, as in the log-prob tests
 from tinker import types
 
-from tinker_local.engine.adapters import AdapterPool, LoraSpec
+from tinker_local.engine.adapters import LoraSpec
 from tinker_local.engine.logprobs import (
     Sequence,
     activation_checkpointing,
@@ -15,18 +16,6 @@ from tinker_local.engine.logprobs import (
     split_causal_lm,
 )
 from tinker_local.engine.packing import PackedRow, build_packed_batch, plan_packed_rows
-
-
-@pytest.fixture
-def pool(tiny_base) -> AdapterPool:
-    pool = AdapterPool("tiny", tiny_base.model)
-    pool.create("a", LoraSpec(rank=4, seed=0))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in pool.parameters("a").items():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return pool
 
 
 def _groups(vocab: int, prompt_lengths: list[int], answers: list[list[int]], k: int | None = None):
@@ -98,7 +87,7 @@ def test_mask_lets_suffixes_see_the_prefix_but_not_each_other():
 def test_packed_logprobs_equal_each_sequence_alone(pool, k):
     parts = split_causal_lm(pool.model)
     sequences = _groups(parts.vocab, [17, 24], [[3, 1, 6, 3], [2, 5]], k)
-    sequences += _sequences_unrelated(parts.vocab, [9, 4], k)
+    sequences += _sequences([9, 4], parts.vocab, k)
     rows = plan_packed_rows(
         [s.tokens for s in sequences], widths=[s.width for s in sequences], max_row_tokens=999
     )
@@ -108,16 +97,6 @@ def test_packed_logprobs_equal_each_sequence_alone(pool, k):
         for got, expected, seq in zip(packed, _alone(model, sequences), sequences):
             assert got.shape == seq.targets.shape
             torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
-
-
-def _sequences_unrelated(vocab: int, lengths: list[int], k: int | None) -> list[Sequence]:
-    generator = torch.Generator().manual_seed(4)
-    out = []
-    for length in lengths:
-        tokens = torch.randint(0, vocab, (length,), generator=generator)
-        shape = (length,) if k is None else (length, k)
-        out.append(Sequence(tokens, torch.randint(0, vocab, shape, generator=generator)))
-    return out
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
