@@ -1,8 +1,9 @@
 """One client of `test_many_clients.py`, run as its own process with the official SDK:
 
-    python many_clients_worker.py BASE_URL API_KEY SEED OUT_JSON
+    python many_clients_worker.py BASE_URL API_KEY SEED OUT_JSON [BARRIER_DIR]
 
-Trains its own LoRA on the tiny model for two steps (data and LoRA init depend on SEED only),
+With BARRIER_DIR it writes `ready-SEED` there once its model exists and waits for `go` before
+training, so that clients started together really train at the same time. Trains its own LoRA on the tiny model for two steps (data and LoRA init depend on SEED only),
 samples from it, saves a checkpoint, and writes what it saw to OUT_JSON.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tinker
@@ -33,10 +35,21 @@ def _data(seed: int) -> list[types.Datum]:
     return data
 
 
-def main(base_url: str, api_key: str, seed: int, out: str) -> None:
+def _wait_for_the_others(barrier: Path, seed: int) -> None:
+    (barrier / f"ready-{seed}").touch()
+    deadline = time.monotonic() + 240
+    while not (barrier / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no 'go' in {barrier} after 240 s")
+        time.sleep(0.005)
+
+
+def main(base_url: str, api_key: str, seed: int, out: str, barrier: str | None) -> None:
     service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=seed).result()
     data = _data(seed)
+    if barrier is not None:
+        _wait_for_the_others(Path(barrier), seed)
     losses = []
     started = time.time()
     for _ in range(2):
@@ -68,4 +81,4 @@ def main(base_url: str, api_key: str, seed: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], (sys.argv[5:] or [None])[0])

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,9 +46,10 @@ def _serve() -> Iterator[str]:
         proc.wait(30)
 
 
-def _start(url: str, seed: int, out: Path) -> subprocess.Popen[str]:
+def _start(url: str, seed: int, out: Path, barrier: Path | None = None) -> subprocess.Popen[str]:
+    extra = [str(barrier)] if barrier is not None else []
     return subprocess.Popen(
-        [sys.executable, str(WORKER), url, KEYS[seed], str(seed), str(out)],
+        [sys.executable, str(WORKER), url, KEYS[seed], str(seed), str(out), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -59,6 +61,18 @@ def _finish(proc: subprocess.Popen[str], out: Path) -> dict[str, Any]:
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     return json.loads(out.read_text())
+
+
+def _release_when_ready(barrier: Path, procs: dict[int, subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 240
+    while not all((barrier / f"ready-{seed}").exists() for seed in procs):
+        for seed, proc in procs.items():
+            if proc.poll() is not None:
+                output, _ = proc.communicate()
+                raise AssertionError(f"client {seed} exited before training:\n{output}")
+        assert time.monotonic() < deadline, "clients never became ready"
+        time.sleep(0.01)
+    (barrier / "go").touch()
 
 
 def _same(alone: dict[str, Any], together: dict[str, Any]) -> None:
@@ -78,7 +92,14 @@ def test_clients_in_separate_processes_match_their_solo_runs_and_stay_isolated(
         for seed in SEEDS:  # one at a time
             out = tmp_path / f"alone-{seed}.json"
             alone[seed] = _finish(_start(url, seed, out), out)
-        procs = {seed: _start(url, seed, tmp_path / f"together-{seed}.json") for seed in SEEDS}
+        # Process start-up (imports) takes seconds and varies; a barrier lines the clients up
+        # after their models exist so that their training, not their imports, overlaps.
+        barrier = tmp_path / "barrier"
+        barrier.mkdir()
+        procs = {
+            seed: _start(url, seed, tmp_path / f"together-{seed}.json", barrier) for seed in SEEDS
+        }
+        _release_when_ready(barrier, procs)
         together = {
             seed: _finish(proc, tmp_path / f"together-{seed}.json") for seed, proc in procs.items()
         }
