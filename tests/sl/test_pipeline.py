@@ -47,10 +47,13 @@ def test_pipeline_end_to_end(tmp_path):
     assert len((root / "collect" / "sft.jsonl").read_text().splitlines()) == 40
     sft_state = json.loads((root / "sft" / "state.json").read_text())
     assert sft_state["finished"] and sft_state["step"] == 4  # 36 train examples // 8
-    # RL started at step 0 from a weights-only copy of the best SFT checkpoint, then trained.
+    # RL started from the best SFT checkpoint's weights, then trained.
     records = checkpoints.read_records(root / "rl")
-    assert records[0].step == 0 and records[0].state_path.endswith("/rl-init")
-    assert records[-1].final and records[-1].step == 2
+    assert [(r.step, r.final) for r in records] == [(2, True)]
+    rl_meta = json.loads((root / "rl" / "run_metadata.json").read_text())
+    assert (
+        rl_meta["runs"][0]["arguments"]["load_checkpoint_path"] == sft_state["best"]["state_path"]
+    )
     report = json.loads((root / "eval" / "report.json").read_text())
     assert report["models"][0]["model"] == config.TINY_TEST_MODEL
     assert report["models"][1]["model"] == sft_state["best"]["sampler_path"]

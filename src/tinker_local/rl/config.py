@@ -74,6 +74,9 @@ class RLConfig:
     log_dir: str
     base_model: str = DEFAULT_BASE_MODEL
     lora_rank: int = 32
+    # Start a new run from these weights (a tinker:// state path, e.g. the SFT stage's) with a
+    # fresh optimizer; the checkpoint's LoRA rank replaces `lora_rank`. Ignored on resume.
+    load_checkpoint_path: str | None = None
     seed: int = 0
     # batch: `batch_size` problems (groups) per step, each tried `group_size` times
     max_steps: int = 100
@@ -142,8 +145,7 @@ class RLConfig:
             "gae_lambda": 0 <= self.gae_lambda <= 1,
             "ppo_epochs": self.ppo_epochs >= 1,
             "vf_coef": self.vf_coef > 0,
-            "value_learning_rate": self.value_learning_rate is None
-            or self.value_learning_rate > 0,
+            "value_learning_rate": self.value_learning_rate is None or self.value_learning_rate > 0,
             "value_lora_rank": self.value_lora_rank is None or self.value_lora_rank >= 1,
             "entropy_coef": self.entropy_coef >= 0,
             "learning_rate": self.learning_rate is None or self.learning_rate > 0,

@@ -14,6 +14,7 @@ One step:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -81,6 +82,17 @@ def _entropy_metric(outputs: Sequence[dict], seqs: Sequence[TrainSequence]) -> d
     return {"entropy/mean": total / count} if count else {}
 
 
+def _adam_params(config: RLConfig, learning_rate: float) -> tinker.AdamParams:
+    return tinker.AdamParams(
+        learning_rate=learning_rate,
+        beta1=config.beta1,
+        beta2=config.beta2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )
+
+
 def _group_seed(seed: int, step: int, index: int) -> int:
     # Deterministic per (run seed, step, group): a resumed run samples what the original would.
     return (seed * 1_000_003 + step * 10_007 + index * 101) % (2**31 - 1)
@@ -123,22 +135,8 @@ class Trainer:
         self.learning_rate = config.learning_rate or default_learning_rate(
             config.base_model, tokenizer
         )
-        self.adam = tinker.AdamParams(
-            learning_rate=self.learning_rate,
-            beta1=config.beta1,
-            beta2=config.beta2,
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-            grad_clip_norm=config.grad_clip_norm,
-        )
-        self.value_adam = tinker.AdamParams(
-            learning_rate=config.value_learning_rate or self.learning_rate,
-            beta1=config.beta1,
-            beta2=config.beta2,
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-            grad_clip_norm=config.grad_clip_norm,
-        )
+        self.adam = _adam_params(config, self.learning_rate)
+        self.value_adam = _adam_params(config, config.value_learning_rate or self.learning_rate)
         self.settings = SamplingSettings(
             config.max_tokens, config.temperature, config.top_k, config.top_p
         )
@@ -185,9 +183,7 @@ class Trainer:
                 return {"skipped_minibatches": 1.0}
             seqs = batch.seqs
             out.update(batch.metrics)
-            value_datums = [
-                value_datum(s, r, cfg.vf_coef) for s, r in zip(seqs, batch.returns)
-            ]
+            value_datums = [value_datum(s, r, cfg.vf_coef) for s, r in zip(seqs, batch.returns)]
         else:
             if cfg.remove_constant_reward_groups:
                 kept = remove_constant_groups(groups, [g.rewards for g in groups]).kept
@@ -250,7 +246,9 @@ class Trainer:
                 await value_optim_future
                 weight = sum(float(m) for s in seqs for m in s.mask[1:]) * cfg.vf_coef
                 loss = float((value_fb.metrics or {}).get("loss:sum", 0.0))
-                out[f"value/loss_epoch{epoch}" if epoch else "value/loss"] = loss / max(weight, 1e-9)
+                out[f"value/loss_epoch{epoch}" if epoch else "value/loss"] = loss / max(
+                    weight, 1e-9
+                )
         out["time/train"] = time.perf_counter() - started
         out["datums"] = float(len(datums))
         return out
@@ -372,7 +370,9 @@ class Trainer:
                 final_record = None
                 step_started = time.perf_counter()
                 self.adam = self.adam.model_copy(
-                    update={"learning_rate": scheduled_learning_rate(self.cfg, self.learning_rate, step)}
+                    update={
+                        "learning_rate": scheduled_learning_rate(self.cfg, self.learning_rate, step)
+                    }
                 )
                 sampler = await self.tc.save_weights_and_get_sampling_client()
                 values: dict[str, Any] = {}
@@ -451,6 +451,26 @@ class Trainer:
             )
 
 
+async def _start_from_checkpoint(service_client: Any, config: RLConfig) -> tuple[Any, RLConfig]:
+    """A training client holding the weights of `config.load_checkpoint_path`, with fresh Adam
+    moments (an SFT optimizer's moments belong to another objective), and the config with the
+    checkpoint's LoRA rank."""
+    path = config.load_checkpoint_path
+    logger.info("starting from the weights of %s (fresh optimizer)", path)
+    client = await service_client.create_training_client_from_state(path)
+    info = client.get_info()
+    loaded_base = info.model_data.model_name
+    if loaded_base and loaded_base != config.base_model:
+        raise ValueError(
+            f"load_checkpoint_path {path} holds a {loaded_base!r} adapter, but base_model is "
+            f"{config.base_model!r}"
+        )
+    if info.lora_rank and info.lora_rank != config.lora_rank:
+        logger.info("lora_rank %d of %s replaces %d", info.lora_rank, path, config.lora_rank)
+        config = dataclasses.replace(config, lora_rank=info.lora_rank)
+    return client, config
+
+
 async def train(
     config: RLConfig,
     make_datasets: DatasetFactory,
@@ -484,6 +504,9 @@ async def train(
             record.state_path
         )
         start_step, cursor = record.step, record.data_cursor
+    elif config.load_checkpoint_path:
+        training_client, config = await _start_from_checkpoint(service_client, config)
+        start_step, cursor = 0, 0
     else:
         training_client = await service_client.create_lora_training_client(
             base_model=config.base_model, rank=config.lora_rank, seed=config.seed
@@ -492,10 +515,8 @@ async def train(
     value_client = None
     if config.advantage_estimator == "gae":
         if record is not None and record.value_state_path:
-            value_client = (
-                await service_client.create_training_client_from_state_with_optimizer(
-                    record.value_state_path
-                )
+            value_client = await service_client.create_training_client_from_state_with_optimizer(
+                record.value_state_path
             )
         elif record is not None:
             raise ValueError(f"{config.log_dir} has no value model checkpoint to resume GAE from")

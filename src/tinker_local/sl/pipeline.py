@@ -110,7 +110,6 @@ def run_collect(cfg: PipelineConfig) -> Path | None:
 
 def run_rl(cfg: PipelineConfig, service: tinker.ServiceClient, sft_state_path: str) -> str:
     """RL from the SFT weights; returns the final RL sampler path."""
-    from tinker_local.rl import checkpoints
     from tinker_local.rl.cli import datasets_for
     from tinker_local.rl.config import RLConfig
     from tinker_local.rl.train import run
@@ -119,27 +118,16 @@ def run_rl(cfg: PipelineConfig, service: tinker.ServiceClient, sft_state_path: s
     settings = dict(cfg.rl)
     task = settings.pop("task")
     options = settings.pop("task_options", {})
+    # A new RL run starts from the SFT weights with a fresh optimizer; an interrupted one
+    # resumes from its own checkpoints (load_checkpoint_path is ignored then).
     rl_config = RLConfig.from_dict(
-        {**settings, "log_dir": str(cfg.root / "rl"), "base_model": cfg.base_model}
+        {
+            **settings,
+            "log_dir": str(cfg.root / "rl"),
+            "base_model": cfg.base_model,
+            "load_checkpoint_path": sft_state_path,
+        }
     )
-    Path(rl_config.log_dir).mkdir(parents=True, exist_ok=True)
-    if checkpoints.last_record(rl_config.log_dir) is None:
-        # The RL loop resumes from the last record of its log dir. Starting it at step 0 from
-        # the SFT weights with a fresh optimizer (SFT's Adam moments belong to another
-        # objective) is a record pointing at a weights-only copy of the SFT checkpoint.
-        client = service.create_training_client_from_state(sft_state_path).result()
-        initial = client.save_state("rl-init").result().path
-        rank = client.get_info().lora_rank or 0
-        checkpoints.append_record(
-            rl_config.log_dir,
-            checkpoints.CheckpointRecord(
-                step=0,
-                state_path=initial,
-                data_cursor=0,
-                base_model=cfg.base_model,
-                lora_rank=int(rank),
-            ),
-        )
     result = run(rl_config, datasets_for(task, rl_config, dict(options)), service_client=service)
     if result.final_sampler_path is None:
         raise RuntimeError(f"RL run in {rl_config.log_dir} ended without sampler weights")
