@@ -84,7 +84,7 @@ def test_request_joining_mid_decode_is_exact(service: tinker.ServiceClient, work
     before = len(worker.batch_sizes)
     gate.set()
     late_out = late.result()
-    assert not long.done() or long.exception() is None
+    assert not long.future().done() or long.future().exception() is None
     assert any(n >= 2 for n in worker.batch_sizes[before:]), "the late request joined the batch"
     long_out = long.result()
     assert [len(s.tokens) for s in long_out.sequences] == [150, 150]
@@ -117,7 +117,7 @@ def test_training_is_served_while_a_long_sample_runs(
     out = trainer.forward_backward([datum], "cross_entropy").result()
     assert np.isfinite(out.metrics["loss:sum"])
     trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-    assert not long.done(), "training finished before the long sample"
+    assert not long.future().done(), "training finished before the long sample"
     result = long.result()
     assert all(len(s.tokens) == 200 for s in result.sequences)
     # The sampler's weights are a snapshot: training in between did not change them.
