@@ -105,8 +105,10 @@ def test_training_is_served_while_a_long_sample_runs(
     trainer, sampler = _trained_sampler(service)
     worker.sample_slice_s = 0.02
     sampling = worker._sampling
+    # Long enough (seconds on the tiny model) that a faster sampler cannot finish it before
+    # the training round trips below, however loaded the machine.
     long = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 2,
-                          types.SamplingParams(max_tokens=200, stop=[], seed=3))
+                          types.SamplingParams(max_tokens=1000, stop=[], seed=3))
     steps = sampling.steps
     _wait_for(lambda: sampling.steps > steps + 3, "the long sample to decode")
     tokens = list(range(5, 30))
@@ -119,6 +121,6 @@ def test_training_is_served_while_a_long_sample_runs(
     trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     assert not long.future().done(), "training finished before the long sample"
     result = long.result()
-    assert all(len(s.tokens) == 200 for s in result.sequences)
+    assert all(len(s.tokens) == 1000 for s in result.sequences)
     # The sampler's weights are a snapshot: training in between did not change them.
     _exact(sampler, [1, 2, 3], result.sequences[0])
