@@ -7,7 +7,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import engine as engine_module
+from tinker_local.engine import forward_backward as forward_backward_module
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec, SampleRequest
 
 TINY = config.TINY_TEST_MODEL
@@ -84,7 +84,7 @@ def test_failed_forward_backward_keeps_previous_gradients(engine, monkeypatch):
     engine.forward_backward("atomic", [_datum([1, 2, 3])], "cross_entropy", None, False)
     params = engine.trainable_parameters("atomic")
     before = {n: p.grad.clone() for n, p in params.items()}
-    real = engine_module.elementwise_loss
+    real = forward_backward_module.elementwise_loss
     calls = []
 
     def fail_on_second_micro_batch(*args, **kwargs):
@@ -93,7 +93,7 @@ def test_failed_forward_backward_keeps_previous_gradients(engine, monkeypatch):
             raise RuntimeError("simulated failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "elementwise_loss", fail_on_second_micro_batch)
+    monkeypatch.setattr(forward_backward_module, "elementwise_loss", fail_on_second_micro_batch)
     monkeypatch.setattr(engine, "token_budget", 4)  # one datum per micro-batch
     with pytest.raises(RuntimeError, match="simulated"):
         engine.forward_backward(

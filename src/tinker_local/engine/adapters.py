@@ -3,11 +3,12 @@
 One `AdapterPool` per loaded base model holds every adapter on it: training adapters (one per
 training model) and frozen sampler adapters (snapshots of a training adapter, or folders loaded
 from disk). The pool owns a `peft.PeftModel` around the base; the sampler reads that same model
-with `adapter_names=[...]` per row, and training activates one adapter at a time.
+with `adapter_names=[...]` per row; training activates one adapter (`active`), or routes each
+batch row through its own model's adapter when several models train in one batch (`routed`).
 
 Isolation: each adapter has its own LoRA parameters; the base weights never require grad, and a
-training forward runs with exactly one active adapter, so training one adapter cannot change
-another adapter's outputs or the base's.
+training forward runs each batch row through exactly one adapter, so training one adapter cannot
+change another adapter's outputs or the base's.
 
 LoRA scaling: `lora_alpha = 32` for every rank, so the update is scaled by 32 / rank. This is the
 parametrisation the hosted service's published LoRA guidance ("LoRA Without Regret", the
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from tinker_local.engine.errors import EngineError, user_error
+from tinker_local.engine.lora_rows import RowRouting, lora_row_routing
 
 LORA_ALPHA = 32
 # peft needs at least one adapter on a PeftModel at all times (it keeps a stale active adapter
@@ -256,3 +258,18 @@ class AdapterPool:
             yield self.model
         finally:
             self.model.set_adapter(_ANCHOR, inference_mode=True)
+
+    @contextmanager
+    def routed(self, keys: list[str], trainable: bool) -> Iterator[RowRouting]:
+        """Every adapter in `keys` usable in one forward, each on the batch rows the yielded
+        `RowRouting` gives it (see lora_rows); with `trainable`, their parameters (and nothing
+        else) require grad for the duration. The active adapter stays the inert anchor."""
+        params = [p for key in keys for p in self.parameters(key).values()]
+        with lora_row_routing(self.model) as routing:
+            try:
+                for param in params:
+                    param.requires_grad_(trainable)
+                yield routing
+            finally:
+                for param in params:
+                    param.requires_grad_(False)

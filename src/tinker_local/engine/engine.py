@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tinker import types
@@ -24,29 +24,37 @@ from tinker_local.engine import checkpoints, models
 from tinker_local.engine.adapters import AdapterPool, LoraSpec
 from tinker_local.engine.checkpoints import CheckpointMeta
 from tinker_local.engine.errors import EngineError, user_error
+from tinker_local.engine.forward_backward import TrainingCall, run_training_calls
 from tinker_local.engine.logprobs import (
     DEFAULT_TOKEN_BUDGET,
-    Sequence,
-    activation_checkpointing,
     limit_heap_fragmentation,
-    plan_micro_batches,
-    sequence_forward,
     split_causal_lm,
 )
-from tinker_local.engine.losses import (
-    check_call,
-    elementwise_loss,
-    get_loss_fn,
-    prepare_data,
-    resolve_config,
-)
+from tinker_local.engine.losses import check_call, get_loss_fn, prepare_data, resolve_config
 from tinker_local.engine.optimizer import AdapterOptimizer
-from tinker_local.engine.packing import PackedRow, plan_packed_rows
 from tinker_local.engine.value_head import METADATA_KEY, ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointMeta", "Engine", "EngineError", "LoraSpec", "ModelInfo", "SampleRequest"]
+__all__ = [
+    "CheckpointMeta",
+    "Engine",
+    "EngineError",
+    "ForwardBackwardCall",
+    "LoraSpec",
+    "ModelInfo",
+    "SampleRequest",
+]
+
+
+class ForwardBackwardCall(NamedTuple):
+    """One model's call in `Engine.forward_backward_many` (a plain tuple in this order works)."""
+
+    model_id: str
+    data: list[types.Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None = None
+    forward_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,12 @@ class _SamplerEntry:
     adapter_key: str | None  # None: the bare base model
 
 
+def batch_models_by_default(device: str) -> bool:
+    """Whether several models' forward_backward calls share one pass unless told otherwise.
+    See benchmarks/multi_adapter_train.py for the measurements behind it."""
+    return not str(device).startswith("cpu")
+
+
 def _train_key(model_id: str) -> str:
     return f"train:{model_id}"
 
@@ -108,10 +122,13 @@ class Engine:
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         checkpoint_activations: bool = True,
         loader: Callable[[str], Any] | None = None,
+        batch_models: bool | None = None,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
-        `loader(name) -> LoadedBase` replaces `models.load_base` (tests)."""
+        `loader(name) -> LoadedBase` replaces `models.load_base` (tests).
+        `batch_models`: let `forward_backward_many` run several models' calls in one pass;
+        None decides by device (`batch_models_by_default`)."""
         try:
             resolved_device = models.resolve_device(device)
             resolved_dtype = models.resolve_dtype(dtype, resolved_device)
@@ -122,6 +139,11 @@ class Engine:
         )
         self.token_budget = token_budget
         self.checkpoint_activations = checkpoint_activations
+        self.batch_models = (
+            batch_models_by_default(resolved_device) if batch_models is None else batch_models
+        )
+        # Sizes of the joint passes forward_backward_many ran (for tests and diagnostics).
+        self.joint_passes: list[int] = []
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _TrainingModel] = {}
         self._samplers: dict[str, _SamplerEntry] = {}
@@ -168,87 +190,60 @@ class Engine:
         loss_fn_config: dict[str, float] | None,
         forward_only: bool,
     ) -> types.ForwardBackwardOutput:
-        model = self._model(model_id)
-        base = self._bases[model.base_model]
-        loss = get_loss_fn(loss_fn)
-        config = resolve_config(loss, loss_fn_config)
-        if loss.values and model.value_head is None:
-            raise user_error(
-                f"loss_fn {loss.name!r} needs a value model, and {model_id!r} has no value head; "
-                f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
-                "extension)"
-            )
-        prepared = prepare_data(data, loss, base.vocab)  # all validation before any compute
-        check_call(loss, prepared, config, forward_only)
-        entropy = loss.needs_entropy(config)
-        saved_grads = None if forward_only else [
-            None if p.grad is None else p.grad.clone() for p in model.optimizer.params
-        ]
-        outputs: list[dict[str, types.TensorData]] = [{} for _ in prepared]
-        total = 0.0
-        try:
-            with (
-                base.pool.active(_train_key(model_id), trainable=not forward_only) as peft_model,
-                torch.set_grad_enabled(not forward_only),
-                activation_checkpointing(
-                    peft_model, self.checkpoint_activations and not forward_only
-                ),
-            ):
-                sequences = [Sequence(d.tokens, d.targets) for d in prepared]
-                lengths = [int(d.tokens.shape[0]) for d in prepared]
-                rows = plan_packed_rows(
-                    [s.tokens for s in sequences],
-                    widths=[s.width for s in sequences],
-                    max_row_tokens=self.token_budget,
+        base, call = self._training_call(model_id, data, loss_fn, loss_fn_config, forward_only)
+        return self._run_calls(base, [call], forward_only)[0]
+
+    def forward_backward_many(
+        self, calls: list[ForwardBackwardCall | tuple]
+    ) -> list[types.ForwardBackwardOutput | Exception]:
+        """Several models' forward_backward (or forward) calls, with the results (or the
+        error) of each, in order. Each call is validated alone, so a bad one fails only
+        itself. With `batch_models` on, valid calls of different models on one base model
+        with the same `forward_only` run in one pass (see forward_backward.py): outputs,
+        metrics and accumulated gradients equal separate calls within float rounding. If a
+        joint pass fails, its calls run again one by one (each then gets its own outcome).
+        A model named twice runs its later call after the earlier one."""
+        results: list[types.ForwardBackwardOutput | Exception | None] = [None] * len(calls)
+        groups: dict[tuple[str, bool], list[tuple[int, _Base, TrainingCall]]] = {}
+        later: list[tuple[int, _Base, TrainingCall, bool]] = []
+        seen: set[str] = set()
+        for index, raw in enumerate(calls):
+            try:
+                call = ForwardBackwardCall(*raw)
+                base, training = self._training_call(
+                    call.model_id, call.data, call.loss_fn, call.loss_fn_config,
+                    call.forward_only,
                 )
-                row_lengths = [row.length(lengths) for row in rows]
-                for row_batch in plan_micro_batches(row_lengths, self.token_budget):
-                    batch_rows = [rows[r] for r in row_batch]
-                    batch = [i for row in batch_rows for i in row.members]
-                    local = {i: n for n, i in enumerate(batch)}
-                    computed = sequence_forward(
-                        peft_model,
-                        [sequences[i] for i in batch],
-                        rows=[
-                            PackedRow(tuple(local[i] for i in row.members), row.prefix)
-                            for row in batch_rows
-                        ],
-                        logprobs=not loss.values,
-                        entropy=entropy,
-                        value_head=model.value_head if loss.values else None,
-                    )
-                    # A value loss reads the values where the others read logprobs.
-                    main = [c.values if loss.values else c.logprobs for c in computed]
-                    losses = [
-                        elementwise_loss(loss, x, prepared[i], config, entropy=c.entropy)
-                        for i, x, c in zip(batch, main, computed)
-                    ]
-                    batch_loss = torch.stack([token_losses.sum() for token_losses in losses]).sum()
-                    if not forward_only:
-                        batch_loss.backward()
-                    total += float(batch_loss.detach())
-                    name = "values" if loss.values else "logprobs"
-                    for i, x, c, token_losses in zip(batch, main, computed, losses):
-                        outputs[i] = {
-                            name: types.TensorData.from_torch(x.detach().float().cpu()),
-                            "elementwise_loss": types.TensorData.from_torch(
-                                token_losses.detach().float().cpu()
-                            ),
-                        }
-                        if c.entropy is not None:
-                            outputs[i]["entropy"] = types.TensorData.from_torch(
-                                c.entropy.detach().float().cpu()
-                            )
-        except BaseException:
-            if saved_grads is not None:  # all or nothing: drop this call's partial gradients
-                for param, grad in zip(model.optimizer.params, saved_grads):
-                    param.grad = grad
-            raise
-        return types.ForwardBackwardOutput(
-            loss_fn_output_type="ArrayRecord",
-            loss_fn_outputs=outputs,
-            metrics={"loss:sum": total},
-        )
+            except EngineError as error:
+                results[index] = error
+                continue
+            if call.model_id in seen:
+                later.append((index, base, training, call.forward_only))
+                continue
+            seen.add(call.model_id)
+            groups.setdefault((base.pool.base_name, call.forward_only), []).append(
+                (index, base, training)
+            )
+        for (_, forward_only), items in groups.items():
+            if self.batch_models and len(items) > 1:
+                base = items[0][1]
+                try:
+                    outs = self._run_calls(base, [t for _, _, t in items], forward_only)
+                except Exception:
+                    logger.exception("joint forward_backward of %d models failed", len(items))
+                else:
+                    self.joint_passes.append(len(items))
+                    for (index, _, _), out in zip(items, outs):
+                        results[index] = out
+                    continue
+            later[:0] = [(index, base, t, forward_only) for index, base, t in items]
+        for index, base, training, forward_only in sorted(later, key=lambda item: item[0]):
+            try:
+                results[index] = self._run_calls(base, [training], forward_only)[0]
+            except Exception as error:  # noqa: BLE001 - this call's outcome only
+                results[index] = error
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
 
     def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
         return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(adam))
@@ -396,6 +391,48 @@ class Engine:
         del self._samplers[sampler_id]
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _training_call(
+        self,
+        model_id: str,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        forward_only: bool,
+    ) -> tuple[_Base, TrainingCall]:
+        """Validate one call completely (before any compute) and resolve what runs it."""
+        model = self._model(model_id)
+        base = self._bases[model.base_model]
+        loss = get_loss_fn(loss_fn)
+        config = resolve_config(loss, loss_fn_config)
+        if loss.values and model.value_head is None:
+            raise user_error(
+                f"loss_fn {loss.name!r} needs a value model, and {model_id!r} has no value head; "
+                f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
+                "extension)"
+            )
+        prepared = prepare_data(data, loss, base.vocab)
+        check_call(loss, prepared, config, forward_only)
+        return base, TrainingCall(
+            adapter_key=_train_key(model_id),
+            data=prepared,
+            loss=loss,
+            config=config,
+            params=list(model.optimizer.params),
+            value_head=model.value_head,
+        )
+
+    def _run_calls(
+        self, base: _Base, calls: list[TrainingCall], forward_only: bool
+    ) -> list[types.ForwardBackwardOutput]:
+        return run_training_calls(
+            base.pool,
+            calls,
+            forward_only=forward_only,
+            token_budget=self.token_budget,
+            checkpoint_activations=self.checkpoint_activations,
+        )
+
 
     def _base(self, name: str) -> _Base:
         if not isinstance(name, str) or not name:

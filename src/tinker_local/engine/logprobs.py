@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +117,11 @@ def _gathered_logprobs(
     return torch.cat([gathered, -(log_p.exp() * log_p).sum(-1, keepdim=True)], dim=-1)
 
 
+def _within(scope: Callable[[], contextlib.AbstractContextManager], fn: Callable, *args, **kwargs):
+    with scope():
+        return fn(*args, **kwargs)
+
+
 def chunked_logprobs(
     parts: CausalLMParts,
     hidden: torch.Tensor,
@@ -124,9 +129,11 @@ def chunked_logprobs(
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
     *,
     entropy: bool = False,
+    scope: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> torch.Tensor:
     """log p(targets) for [n, H] hidden states and [n, K] targets, chunk by chunk of positions.
-    With `entropy`, the result has K + 1 columns, the last the entropy per position."""
+    With `entropy`, the result has K + 1 columns, the last the entropy per position. `scope()`
+    is entered around each chunk's computation (and its recompute in backward)."""
     chunk = max(1, chunk_elements // parts.vocab)
     needs_graph = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in parts.head.parameters())
@@ -134,6 +141,8 @@ def chunked_logprobs(
     compute = functools.partial(
         _gathered_logprobs, parts.head, softcap=parts.softcap, entropy=entropy
     )
+    if scope is not None:
+        compute = functools.partial(_within, scope, compute)
     pieces = []
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
@@ -193,9 +202,48 @@ def sequence_forward(
     chunked unembedding pass, from the full-vocabulary log-softmax) and per-position values from
     `value_head` applied to the final hidden states. With `logprobs=False` (and no entropy) the
     unembedding is skipped entirely (a value-only pass)."""
+    wanted = OutputRequest(tuple(range(len(sequences))), logprobs, entropy, value_head)
+    return grouped_sequence_forward(
+        model, sequences, [wanted], rows=rows, pad_token_id=pad_token_id,
+        chunk_elements=chunk_elements,
+    )
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """What one group of sequences (one training model's) needs from a shared forward pass."""
+
+    members: tuple[int, ...]  # sequence indices
+    logprobs: bool = True
+    entropy: bool = False
+    value_head: nn.Module | None = None
+    # Entered around every unembedding chunk of this group, and again around its recompute in
+    # backward: it selects the group's own LoRA on the output layer (see lora_rows).
+    unembed_scope: Callable[[], contextlib.AbstractContextManager] | None = None
+
+
+def grouped_sequence_forward(
+    model: nn.Module,
+    sequences: list[Sequence],
+    requests: list[OutputRequest],
+    *,
+    rows: list[PackedRow] | None = None,
+    pad_token_id: int = 0,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> list[SequenceOutputs]:
+    """One body pass over all `rows`, then each request's outputs from its own sequences'
+    hidden states. Every sequence belongs to exactly one request, and a packed row's members
+    to the same one (a prefix is shared only within a model)."""
     if not sequences:
         return []
     rows = rows or [PackedRow((i,), 0) for i in range(len(sequences))]
+    owner = {m: q for q, request in enumerate(requests) for m in request.members}
+    if sorted(owner) != list(range(len(sequences))) or sum(
+        len(r.members) for r in requests
+    ) != len(sequences):
+        raise ValueError("every sequence must belong to exactly one output request")
+    if any(len({owner[m] for m in row.members}) != 1 for row in rows):
+        raise ValueError("a packed row's members must belong to one output request")
     parts = split_causal_lm(model)
     device = next(parts.head.parameters()).device
     tokens = [s.tokens for s in sequences]
@@ -214,6 +262,7 @@ def sequence_forward(
     # Pieces of hidden states with their targets: a shared prefix once, with every member's
     # targets side by side (one logsumexp per position however many members), then each suffix.
     segments: list[tuple[torch.Tensor, torch.Tensor]] = []
+    segment_owner: list[int] = []
     prefix_piece: dict[int, tuple[int, int]] = {}  # member -> (segment index, column offset)
     suffix_piece: dict[int, int] = {}
     for r, row in enumerate(rows):
@@ -223,6 +272,7 @@ def sequence_forward(
             for j, m in enumerate(row.members):
                 prefix_piece[m] = (len(segments), j * width)
             segments.append((hidden[r, : row.prefix], torch.cat(targets, dim=1)))
+            segment_owner.append(owner[row.members[0]])
         for m in row.members:
             _, start = batch.suffix_starts[m]
             own = int(sequences[m].tokens.shape[0]) - row.prefix
@@ -230,54 +280,58 @@ def sequence_forward(
             segments.append(
                 (hidden[r, start : start + own], sequences[m].targets[row.prefix :].reshape(own, -1))
             )
+            segment_owner.append(owner[m])
 
-    # Segments with the same number of targets per position share one chunked pass.
-    computed: list[torch.Tensor | None] = [None] * len(segments)
-    if logprobs or entropy:
-        by_width: dict[int, list[int]] = {}
-        for index, (_, targets) in enumerate(segments):
-            by_width.setdefault(int(targets.shape[1]), []).append(index)
-        for indices in by_width.values():
-            flat_hidden = torch.cat([segments[i][0] for i in indices])
-            flat_targets = torch.cat([segments[i][1] for i in indices]).to(device)
-            flat = chunked_logprobs(
-                parts, flat_hidden, flat_targets, chunk_elements, entropy=entropy
-            )
-            for i, piece in zip(indices, flat.split([segments[i][0].shape[0] for i in indices])):
-                computed[i] = piece
+    results: list[SequenceOutputs | None] = [None] * len(sequences)
+    for q, request in enumerate(requests):
+        mine = [i for i, o in enumerate(segment_owner) if o == q]
+        # Segments with the same number of targets per position share one chunked pass.
+        computed: dict[int, torch.Tensor] = {}
+        if request.logprobs or request.entropy:
+            by_width: dict[int, list[int]] = {}
+            for index in mine:
+                by_width.setdefault(int(segments[index][1].shape[1]), []).append(index)
+            for indices in by_width.values():
+                flat_hidden = torch.cat([segments[i][0] for i in indices])
+                flat_targets = torch.cat([segments[i][1] for i in indices]).to(device)
+                flat = chunked_logprobs(
+                    parts, flat_hidden, flat_targets, chunk_elements, entropy=request.entropy,
+                    scope=request.unembed_scope,
+                )
+                sizes = [segments[i][0].shape[0] for i in indices]
+                computed.update(zip(indices, flat.split(sizes)))
 
-    # Values: the head on each sequence's own hidden states (a packed prefix is read by every
-    # member, so its gradient reaches the one shared copy from each of them).
-    values: list[torch.Tensor] | None = None
-    if value_head is not None:
-        own_hidden = []
-        for m in range(len(sequences)):
-            pieces = [segments[prefix_piece[m][0]][0]] if m in prefix_piece else []
-            pieces.append(segments[suffix_piece[m]][0])
-            own_hidden.append(torch.cat(pieces))
-        flat_values = value_head(torch.cat(own_hidden))
-        values = list(flat_values.split([h.shape[0] for h in own_hidden]))
+        # Values: the head on each sequence's own hidden states (a packed prefix is read by
+        # every member, so its gradient reaches the one shared copy from each of them).
+        values: dict[int, torch.Tensor] = {}
+        if request.value_head is not None:
+            own_hidden = []
+            for m in request.members:
+                pieces = [segments[prefix_piece[m][0]][0]] if m in prefix_piece else []
+                pieces.append(segments[suffix_piece[m]][0])
+                own_hidden.append(torch.cat(pieces))
+            flat_values = request.value_head(torch.cat(own_hidden))
+            values = dict(zip(request.members, flat_values.split([h.shape[0] for h in own_hidden])))
 
-    results = []
-    for m, seq in enumerate(sequences):
-        lp = ent = None
-        if logprobs or entropy:
-            lp_pieces, ent_pieces = [], []
-            if m in prefix_piece:
-                index, column = prefix_piece[m]
-                lp_pieces.append(computed[index][:, column : column + seq.width])
-                ent_pieces.append(computed[index][:, -1])
-            lp_pieces.append(computed[suffix_piece[m]][:, : seq.width])
-            ent_pieces.append(computed[suffix_piece[m]][:, -1])
-            if logprobs:
-                lp = torch.cat(lp_pieces)
-                lp = lp if seq.targets.ndim == 2 else lp.squeeze(-1)
-            if entropy:
-                ent = torch.cat(ent_pieces)
-        results.append(
-            SequenceOutputs(lp, None if values is None else values[m], ent)
-        )
-    return results
+        for m in request.members:
+            seq = sequences[m]
+            lp = ent = None
+            if request.logprobs or request.entropy:
+                lp_pieces, ent_pieces = [], []
+                if m in prefix_piece:
+                    index, column = prefix_piece[m]
+                    lp_pieces.append(computed[index][:, column : column + seq.width])
+                    ent_pieces.append(computed[index][:, -1])
+                lp_pieces.append(computed[suffix_piece[m]][:, : seq.width])
+                ent_pieces.append(computed[suffix_piece[m]][:, -1])
+                if request.logprobs:
+                    lp = torch.cat(lp_pieces)
+                    lp = lp if seq.targets.ndim == 2 else lp.squeeze(-1)
+                if request.entropy:
+                    ent = torch.cat(ent_pieces)
+            results[m] = SequenceOutputs(lp, values.get(m), ent)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
 
 
 def limit_heap_fragmentation(threshold_bytes: int = 1 << 20) -> bool:
