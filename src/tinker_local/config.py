@@ -32,3 +32,23 @@ def checkpoints_dir() -> Path:
     path = home() / "checkpoints"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# Sampling backend: "builtin" (engine/sampler.py) or "vllm" (engine/vllm_sampler.py, optional).
+SAMPLER_ENV = "TINKER_LOCAL_SAMPLER"
+SAMPLER_BACKENDS = ("builtin", "vllm")
+
+
+def sampler_backend(value: str | None = None) -> str:
+    """The sampling backend: `value` when given, else `TINKER_LOCAL_SAMPLER`, default "builtin".
+    ValueError names the bad value and the choices."""
+    source = "--sampler" if value is not None else SAMPLER_ENV
+    raw = value if value is not None else os.environ.get(SAMPLER_ENV, "")
+    name = raw.strip().lower()
+    if not name and value is None:  # an unset or empty variable means the default
+        name = "builtin"
+    if name not in SAMPLER_BACKENDS:
+        raise ValueError(
+            f"{source}={raw!r} is not a sampling backend; choose one of {', '.join(SAMPLER_BACKENDS)}"
+        )
+    return name

@@ -216,7 +216,7 @@ class VllmEngine:
             if engine is not None and hasattr(engine, "remove_lora"):
                 try:
                     engine.remove_lora(adapter.lora_id)
-                except Exception:  # noqa: BLE001 - freeing a slot early is only an optimisation
+                except Exception:
                     logger.debug("vLLM remove_lora(%d) failed", adapter.lora_id, exc_info=True)
         shutil.rmtree(adapter.folder, ignore_errors=True)
 
@@ -257,7 +257,7 @@ class VllmEngine:
         for base_model, items in on_vllm.items():
             try:
                 responses = self._generate(base_model, items)
-            except Exception as error:  # noqa: BLE001 - one base model's failure only
+            except Exception as error:
                 logger.exception("vLLM sampling on %s failed", base_model)
                 failure = EngineError(f"vLLM sampling failed: {error}", "server")
                 responses = [failure] * len(items)
@@ -283,6 +283,9 @@ class VllmEngine:
             from tinker_local.engine.models import resolve_model
 
             folder = str(resolve_model(base_model))
+            # In-process engine core: a spawned one re-imports the main module and talks over
+            # IPC, neither of which suits a server that builds this on its worker thread.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             logger.info("starting vLLM for %s (%s)", base_model, folder)
             self._llms[base_model] = self.vllm.LLM(model=folder, tokenizer=folder, **self.args)
         return self._llms[base_model]

