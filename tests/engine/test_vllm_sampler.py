@@ -91,6 +91,7 @@ class FakeLLM:
     instances: ClassVar[list[FakeLLM]] = []
 
     def __init__(self, **kwargs):
+        torch.manual_seed(kwargs["seed"])  # as an in-process vLLM does
         self.kwargs = kwargs
         self.calls: list[dict] = []
         self.removed: list[int] = []
@@ -363,7 +364,11 @@ def test_params_map_and_results_convert(engine):
         SampleRequest("no-such", prompt, types.SamplingParams(max_tokens=2)),
         SampleRequest("conv-base", [1, 10**6], types.SamplingParams(max_tokens=2)),
     ]
+    torch.manual_seed(1234)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(1234)
     results = engine.sample_batch(requests)
+    assert torch.equal(torch.rand(1), expected_draw)  # starting vLLM kept our global RNG
 
     (llm,) = FakeLLM.instances
     folder = str(resolve_model(TINY))

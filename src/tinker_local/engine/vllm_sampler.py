@@ -27,6 +27,7 @@ Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` argumen
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
@@ -36,7 +37,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -295,7 +296,8 @@ class VllmEngine:
             # IPC, neither of which suits a server that builds this on its worker thread.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             logger.info("starting vLLM for %s (%s)", base_model, folder)
-            self._llms[base_model] = self.vllm.LLM(model=folder, tokenizer=folder, **self.args)
+            with _global_rng_kept():  # an in-process vLLM seeds the global generators
+                self._llms[base_model] = self.vllm.LLM(model=folder, tokenizer=folder, **self.args)
         return self._llms[base_model]
 
     def _lora_request(self, sampler_id: str) -> Any:
@@ -446,6 +448,22 @@ def _copy_adapter_files(source: Path, folder: Path) -> None:
         raise user_error(f"{source} is not a PEFT adapter folder (needs {ADAPTER_CONFIG_FILE} and weights)")
     for name in (ADAPTER_CONFIG_FILE, weights[0]):
         shutil.copyfile(source / name, folder / name)
+
+
+@contextlib.contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global random state on exit."""
+    import random
+
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 def _vllm_runs_on_cpu() -> bool:
