@@ -3,7 +3,9 @@
 Same model (the built-in SmolLM2-135M-Instruct), same dtype, same prompts, temperature 1, no
 top-k / top-p, a fixed number of new tokens per sequence (no EOS stop), and per-token logprobs
 from both (generate's from its scores, computed the way a user would). Each (case, dtype, engine,
-repeat) runs in its own subprocess, so peak RSS is per run. vLLM is compared too when importable.
+repeat) runs in its own subprocess, so peak RSS is per run. vLLM is compared too when importable:
+it usually lives in its own venv (README, "Optional: vLLM sampler"), so run the script with that
+venv's python, e.g. `~/vllm-venv/bin/python benchmarks/sampler.py --engines ours generate vllm`.
 
 Engines: `ours` (the sampler on the bare base model), `ours_lora` (the sampler on the same base
 wrapped by the engine's AdapterPool with one rank-32 LoRA adapter on every linear layer, the
@@ -191,13 +193,21 @@ def _run_generate(base, prompts, samples, new_tokens):
     return list(zip(new.tolist(), logprobs.tolist(), strict=True))
 
 
+_VLLM: dict = {}
+
+
 def _run_vllm(base, prompts, samples, new_tokens):  # pragma: no cover - needs vllm
+    """vLLM on the same base model (its exported HF folder), raw logprobs as our contract asks.
+    The engine is built once, on the warm-up call, so its ~40 s start-up is not timed."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=str(base.folder), dtype=str(next(base.model.parameters()).dtype)[6:])
+    if "llm" not in _VLLM:
+        dtype = str(next(base.model.parameters()).dtype).removeprefix("torch.")
+        _VLLM["llm"] = LLM(model=str(base.folder), dtype=dtype, logprobs_mode="raw_logprobs")
     params = SamplingParams(n=samples, temperature=1.0, max_tokens=new_tokens,
                             ignore_eos=True, logprobs=0)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    outs = _VLLM["llm"].generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     return [
         (list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
         for o in outs for c in o.outputs
