@@ -137,6 +137,7 @@ class Engine:
         self._loader = loader or (
             lambda name: models.load_base(name, device=resolved_device, dtype=resolved_dtype)
         )
+        self.device = resolved_device
         self.token_budget = token_budget
         self.checkpoint_activations = checkpoint_activations
         self.batch_models = (

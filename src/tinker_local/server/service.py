@@ -171,8 +171,9 @@ class Service:
     ) -> FutureRecord:
         """Accept a request in model's seq_id order and return its future.
 
-        `prepare()` validates the request and returns the job to run on the worker. If it
-        raises, the request is refused with a 4xx naming the problem, and it still takes its
+        `prepare()` validates the request and returns the job to run on the worker (one with a
+        `batchable` attribute, a `worker.Batchable`, may run together with other models' jobs).
+        If it raises, the request is refused with a 4xx naming the problem, and it still takes its
         seq_id slot: the SDK has already numbered the requests after it, which must not wait
         for a request that will never run.
         """
@@ -198,8 +199,12 @@ class Service:
         record = self.futures.create(kind)
         remember(model.requests_by_seq, seq_id, record.request_id)
 
+        # A job that may run together with other models' jobs says how (training.py).
+        batchable = getattr(job_fn, "batchable", None)
+
         def release() -> None:
-            self.resolve_from_job(record, self.worker.submit(job_fn), on_loop)
+            job = self.worker.submit(job_fn, model=model.model_id, batchable=batchable)
+            self.resolve_from_job(record, job, on_loop)
 
         try:
             model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=release)

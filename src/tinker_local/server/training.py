@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tinker_local.server.futures import (
 from tinker_local.server.sequencer import SeqSequencer
 from tinker_local.server.service import Service
 from tinker_local.server.state import TrainingModel, training_model_id
+from tinker_local.server.worker import Batchable
 
 # The create_model user_metadata key that asks for a value model (see engine/value_head.py).
 VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
@@ -225,15 +227,8 @@ def forward_backward(
         datum_checks.check_loss_fn(loss_fn, svc.api.loss_inputs)
         limits.check_datum_lengths(svc, data)
         datum_checks.check_datums(data, loss_fn, svc.api.loss_inputs, model.vocab_size)
-
-        def job(engine: Any) -> WireResult:
-            check_created(model)
-            out = engine.forward_backward(
-                model.model_id, data, loss_fn, loss_fn_config, forward_only
-            )
-            return WireResult(wire.encode_forward_backward_output(out), PROTOBUF)
-
-        return job
+        return ForwardBackwardJob(ForwardBackwardCall(model, data, loss_fn, loss_fn_config,
+                                                      forward_only))
 
     return svc.submit_ordered(
         model,
@@ -242,6 +237,61 @@ def forward_backward(
         prepare,
         is_forward_backward=True,
     )
+
+
+@dataclass(frozen=True)
+class ForwardBackwardCall:
+    model: TrainingModel
+    data: list[types.Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    forward_only: bool
+
+
+class ForwardBackwardJob:
+    """A forward_backward on the worker: alone (`job(engine)`), or with other models' calls in
+    one engine pass (`batchable`, see worker.py and Engine.forward_backward_many)."""
+
+    def __init__(self, call: ForwardBackwardCall):
+        self.call = call
+        self.batchable = Batchable("forward_backward", call, run_forward_backward_calls)
+
+    def __call__(self, engine: Any) -> WireResult:
+        call = self.call
+        check_created(call.model)
+        out = engine.forward_backward(
+            call.model.model_id, call.data, call.loss_fn, call.loss_fn_config, call.forward_only
+        )
+        return WireResult(wire.encode_forward_backward_output(out), PROTOBUF)
+
+
+def run_forward_backward_calls(
+    engine: Any, calls: list[ForwardBackwardCall]
+) -> list[WireResult | Exception]:
+    """Several models' forward_backward calls in one `engine.forward_backward_many`; each gets
+    its own result or error."""
+    answers: list[WireResult | Exception | None] = [None] * len(calls)
+    runnable = []
+    for index, call in enumerate(calls):
+        try:
+            check_created(call.model)
+        except UserError as exc:
+            answers[index] = exc
+        else:
+            runnable.append(index)
+    outputs = engine.forward_backward_many([
+        (calls[i].model.model_id, calls[i].data, calls[i].loss_fn, calls[i].loss_fn_config,
+         calls[i].forward_only)
+        for i in runnable
+    ])
+    for index, out in zip(runnable, outputs, strict=True):
+        try:
+            answers[index] = out if isinstance(out, Exception) else WireResult(
+                wire.encode_forward_backward_output(out), PROTOBUF
+            )
+        except Exception as exc:  # noqa: BLE001 - this call's answer only
+            answers[index] = exc
+    return answers  # type: ignore[return-value]
 
 
 def optim_step(svc: Service, req: types.OptimStepRequest) -> FutureRecord:

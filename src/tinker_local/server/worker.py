@@ -16,6 +16,13 @@ sample requests wait for it to end. Stopping the worker fails requests still dec
 
 With an engine that has only `sample_batch` (test doubles), the worker takes every sampling job
 queued at that moment and hands them to `engine.sample_batch` in one call.
+
+Training jobs of different models may run together. A job submitted with a `Batchable` (a
+forward_backward) takes with it the later queued jobs of the same batch kind, one per model,
+when the engine says it batches (`engine.batch_models`): a job of a model is never moved past
+an earlier job of the same model, and no job is moved past a job that names no model (those may
+touch any model). `Batchable.run_together` then runs them in one engine call and answers each
+job with its own result or error.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -38,10 +45,23 @@ class WorkerStopped(RuntimeError):
     category = "server"
 
 
+@dataclass(frozen=True)
+class Batchable:
+    """How a job runs together with others of the same `kind`: `run_together(engine,
+    payloads)` answers each payload, in order, with its result or an exception."""
+
+    kind: Hashable
+    payload: Any
+    run_together: Callable[[Any, list[Any]], list[Any]]
+
+
 @dataclass
 class _Job(Generic[T]):
     fn: Callable[[Any], T]
     future: concurrent.futures.Future[T]
+    # The training model whose seq_id order this job keeps; None: it may touch any model.
+    model: str | None = None
+    batchable: Batchable | None = None
 
 
 @dataclass(eq=False)  # hashed by identity (the set of jobs decoding)
@@ -74,6 +94,10 @@ class EngineWorker:
         # For tests and diagnostics: sample_batch sizes, or (continuous) the number of requests
         # in flight together after each admission.
         self.batch_sizes: list[int] = []
+        # Whether batchable jobs are run together (the engine's `batch_models`, once built).
+        self.batch_jobs = False
+        # For tests and diagnostics: the size of every group of batchable jobs run together.
+        self.job_batch_sizes: list[int] = []
 
     def start(self, timeout_s: float | None = None) -> None:
         """Start the thread and wait for the engine to be built (re-raises its failure).
@@ -82,8 +106,17 @@ class EngineWorker:
             self._thread.start()
         self._ready.result(timeout=timeout_s)
 
-    def submit(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
-        job: _Job[T] = _Job(fn, concurrent.futures.Future())
+    def submit(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        model: str | None = None,
+        batchable: Batchable | None = None,
+    ) -> concurrent.futures.Future[T]:
+        """Queue `fn(engine)`. `model`: the training model whose order the job keeps (None: it
+        may touch any model, and no later job is run before it); `batchable`: how it may run
+        together with other jobs (then `fn` is what runs when it runs alone)."""
+        job: _Job[T] = _Job(fn, concurrent.futures.Future(), model, batchable)
         self._enqueue(job)
         return job.future
 
@@ -129,7 +162,7 @@ class EngineWorker:
                 return None
             first = self._queue.popleft()
             if isinstance(first, _Job):
-                return [first]
+                return [first, *self._pop_companions(first)]
             # Every sampling job queued right now joins this batch; the rest keep their order.
             batch: list[_Job[Any] | _SampleJob[Any]] = [first]
             rest: deque[_Job[Any] | _SampleJob[Any]] = deque()
@@ -144,6 +177,7 @@ class EngineWorker:
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             self._ready.set_exception(exc)
             return
+        self.batch_jobs = bool(getattr(self._engine, "batch_models", False))
         try:
             from tinker_local.engine.sampling.service import continuous_sampling
 
@@ -159,7 +193,7 @@ class EngineWorker:
             if jobs is None:
                 return
             if isinstance(jobs[0], _Job):
-                self._run_job(jobs[0])
+                self._run_jobs([j for j in jobs if isinstance(j, _Job)])
             else:
                 self._run_samples([j for j in jobs if isinstance(j, _SampleJob)])
 
@@ -174,12 +208,15 @@ class EngineWorker:
                 if self._stopping:
                     return
                 samples = self._pop_samples()
-                job = self._queue.popleft() if self._queue else None
+                jobs: list[_Job[Any]] = []
+                if self._queue:
+                    first = self._queue.popleft()
+                    assert isinstance(first, _Job)
+                    jobs = [first, *self._pop_companions(first)]
             try:
                 self._admit(samples)
-                if job is not None:
-                    assert isinstance(job, _Job)
-                    self._run_job(job)
+                if jobs:
+                    self._run_jobs(jobs)
                 if not sampling.idle:
                     self._decode_slice()
             except Exception:  # never let the one engine thread die
@@ -225,6 +262,57 @@ class EngineWorker:
             self._sampling.run(max_steps=2**62, between=between)
         except BaseException:  # run() reports step failures to the requests themselves
             logger.exception("continuous sampling failed")
+
+    def _pop_companions(self, first: _Job[Any]) -> list[_Job[Any]]:
+        """The queued jobs that run together with `first` (call with the lock held): of its
+        batch kind, one per model, none moved past an earlier job of its own model or past a
+        job that names no model. The others keep their order."""
+        if not self.batch_jobs or first.batchable is None:
+            return []
+        kind = first.batchable.kind
+        passed = {first.model}  # models with a job at or before the scan position
+        taken: list[_Job[Any]] = []
+        kept: deque[_Job[Any] | _SampleJob[Any]] = deque()
+        queue = list(self._queue)
+        for position, job in enumerate(queue):
+            if isinstance(job, _SampleJob):
+                kept.append(job)
+                continue
+            if job.model is None:  # a barrier: it and everything after it stay in place
+                kept.extend(queue[position:])
+                break
+            if (job.batchable is not None and job.batchable.kind == kind
+                    and job.model not in passed):
+                taken.append(job)
+            else:
+                kept.append(job)
+            passed.add(job.model)
+        self._queue = kept
+        return taken
+
+    def _run_jobs(self, jobs: list[_Job[Any]]) -> None:
+        if len(jobs) == 1:
+            self._run_job(jobs[0])
+            return
+        self.job_batch_sizes.append(len(jobs))
+        batchables = [j.batchable for j in jobs]
+        assert all(b is not None for b in batchables)
+        try:
+            answers = list(batchables[0].run_together(  # type: ignore[union-attr]
+                self._engine, [b.payload for b in batchables]  # type: ignore[union-attr]
+            ))
+            if len(answers) != len(jobs):
+                raise RuntimeError(f"{len(answers)} answers for {len(jobs)} batched jobs")
+        except Exception:  # never answer one model with another's failure: one by one
+            logger.exception("a batch of %d jobs failed; running them one by one", len(jobs))
+            for job in jobs:
+                self._run_job(job)
+            return
+        for job, answer in zip(jobs, answers):
+            if isinstance(answer, BaseException):
+                _fail(job, answer)
+            else:
+                _set(job.future, answer)
 
     def _run_job(self, job: _Job[Any]) -> None:
         try:
