@@ -52,3 +52,18 @@ def sampler_backend(value: str | None = None) -> str:
             f"{source}={raw!r} is not a sampling backend; choose one of {', '.join(SAMPLER_BACKENDS)}"
         )
     return name
+
+
+JOINT_TRAINING_ENV = "TINKER_LOCAL_JOINT_TRAINING"
+
+
+def joint_training() -> bool | None:
+    """Whether several models' queued forward_backward calls share one engine pass:
+    `TINKER_LOCAL_JOINT_TRAINING` = on/off, or unset/auto (None: the engine decides by device).
+    ValueError names the bad value."""
+    raw = os.environ.get(JOINT_TRAINING_ENV, "")
+    value = raw.strip().lower()
+    choices = {"": None, "auto": None, "on": True, "1": True, "off": False, "0": False}
+    if value not in choices:
+        raise ValueError(f"{JOINT_TRAINING_ENV}={raw!r}: choose auto, on or off")
+    return choices[value]

@@ -201,3 +201,14 @@ def test_batching_off_runs_every_call_alone():
     got = engine.forward_backward_many([_call("ce", 0), _call("is", 1)])
     assert engine.joint_passes == [] and all(isinstance(g, types.ForwardBackwardOutput) for g in got)
     assert Engine(device="cpu").batch_models is False  # the CPU default (see the benchmark)
+
+
+def test_joint_training_setting_overrides_the_device_default(monkeypatch) -> None:
+    monkeypatch.setenv(config.JOINT_TRAINING_ENV, "on")
+    assert Engine(device="cpu").batch_models is True
+    monkeypatch.setenv(config.JOINT_TRAINING_ENV, "auto")
+    assert Engine(device="cpu").batch_models is False
+    assert Engine(device="cpu", batch_models=True).batch_models is True  # explicit wins
+    monkeypatch.setenv(config.JOINT_TRAINING_ENV, "sometimes")
+    with pytest.raises(EngineError, match="TINKER_LOCAL_JOINT_TRAINING='sometimes'"):
+        Engine(device="cpu")

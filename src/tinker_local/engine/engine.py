@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from tinker import types
 
+from tinker_local import config
 from tinker_local.engine import checkpoints, models
 from tinker_local.engine.adapters import AdapterPool, LoraSpec
 from tinker_local.engine.checkpoints import CheckpointMeta
@@ -140,6 +141,11 @@ class Engine:
         self.device = resolved_device
         self.token_budget = token_budget
         self.checkpoint_activations = checkpoint_activations
+        if batch_models is None:
+            try:
+                batch_models = config.joint_training()
+            except ValueError as error:
+                raise user_error(str(error)) from None
         self.batch_models = (
             batch_models_by_default(resolved_device) if batch_models is None else batch_models
         )
