@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import math
+import os
+import subprocess
 import sys
 import types as pytypes
 from dataclasses import dataclass
@@ -478,3 +480,21 @@ def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(inner, tmp_path):
     assert scored.prompt_logprobs[1:] == pytest.approx(reference.prompt_logprobs[1:], abs=1e-6)
     assert plain.sequences[0].stop_reason in ("stop", "length")
     engine.unload_sampler("cpu")
+
+
+def test_own_adapter_folder_is_removed_at_exit(tmp_path):
+    script = (
+        "import types\n"
+        "from tinker_local.engine.vllm_sampler import VllmEngine\n"
+        "engine = VllmEngine(object(), args={}, vllm=types.SimpleNamespace(),"
+        " prompt_logprobs_on_vllm=True)\n"
+        "(engine.adapter_root / 'adapter').mkdir()\n"
+        "print(engine.adapter_root)\n"
+    )
+    env = {**os.environ, "TINKER_LOCAL_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    root = Path(done.stdout.strip())
+    assert root.parent == tmp_path / "home" / "vllm-adapters"
+    assert not root.exists()

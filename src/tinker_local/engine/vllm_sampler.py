@@ -27,6 +27,7 @@ Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` argumen
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import importlib.util
@@ -165,6 +166,8 @@ class VllmEngine:
             parent = config.home() / "vllm-adapters"
             parent.mkdir(parents=True, exist_ok=True)
             adapter_root = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=parent))
+            # Our own scratch folder: gone when the process exits normally.
+            atexit.register(shutil.rmtree, adapter_root, ignore_errors=True)
         self.adapter_root = Path(adapter_root)
         if prompt_logprobs_on_vllm is None:
             prompt_logprobs_on_vllm = not _vllm_runs_on_cpu()
