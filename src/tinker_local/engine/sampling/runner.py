@@ -6,6 +6,10 @@ active adapter is never touched: inside `eval_mode` the LoRA layers follow a per
 plan (`fused_lora`: no per-layer regrouping, no indexing when the batch uses one adapter);
 otherwise, and for models `fused_lora` does not cover, every call passes peft's
 `adapter_names` (one per row, "__base__" for the bare model).
+
+Decode steps (one token per row) of Llama-architecture float32 models skip the HF modules and
+run `llama_decode.LlamaDecoder` on the weights; prefill and every other model use the HF
+forward. Set `use_bare_decode = False` on a runner to force the HF path (tests compare both).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.kv_cache import SlotCache
+from tinker_local.engine.sampling.llama_decode import LlamaDecoder
 from tinker_local.engine.sampling.packed_linear import packed_linears
 from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
 
@@ -40,6 +45,9 @@ class ModelRunner:
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
+        self.decoder = LlamaDecoder.build(model, self.is_peft)  # None: HF path only
+        self.use_bare_decode = True
+        self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
 
     def limits(self) -> ModelLimits:
         adapters: frozenset[str] = frozenset()
@@ -93,6 +101,12 @@ class ModelRunner:
             self._plan.set(adapters, self.device)
         elif self.is_peft:
             kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in adapters]
+        if (self.decoder is not None and self.use_bare_decode and not all_positions
+                and torch.is_inference_mode_enabled()
+                and self.decoder.ready(cache, input_ids, self._plan is not None)):
+            self.bare_steps += 1
+            groups = self._plan.groups if self._plan is not None else []
+            return self.decoder.forward(input_ids, position_ids, attention_mask, cache, groups)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
