@@ -32,7 +32,9 @@ def _serve() -> Iterator[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "TINKER_TELEMETRY": "0"},
+        # Joint forward_backward passes on (off by default on the CPU): clients whose calls
+        # meet in the queue share a pass and must still get their solo results.
+        env={**os.environ, "TINKER_TELEMETRY": "0", "TINKER_LOCAL_JOINT_TRAINING": "on"},
     )
     try:
         assert proc.stdout is not None
