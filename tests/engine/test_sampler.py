@@ -13,6 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 from tinker_local.engine.sampling import batch as batch_module
 from tinker_local.engine.sampling import packed_linear
+from tinker_local.engine.sampling import prefill as prefill_module
+from tinker_local.engine.sampling import scheduler as scheduler_module
+from tinker_local.engine.sampling.prefill import PromptKey
 
 VOCAB = 1000
 MAX_CONTEXT = 128
@@ -119,6 +122,40 @@ def test_logprobs_exact_with_every_linear_layer_packed(model, sampler, monkeypat
     for req, resp in zip(reqs, sampler.generate(reqs), strict=True):
         for seq in resp.sequences:
             assert_logprobs_exact(model, req, seq)
+
+
+def test_prompts_of_very_different_lengths_prefill_apart_and_stay_exact(model, sampler,
+                                                                         monkeypatch):
+    calls = []
+    real_prefill = scheduler_module.run_prefill
+
+    def spy(runner, keys, topk, scored):
+        calls.append(sorted(len(k.prompt) for k in keys))
+        return real_prefill(runner, keys, topk, scored)
+
+    monkeypatch.setattr(scheduler_module, "run_prefill", spy)
+    reqs = [GenRequest(prompt_of(n, n), params(seed=n, max_tokens=6), num_samples=2,
+                       adapter_name=ADAPTERS[i % 3]) for i, n in enumerate((2, 95, 3, 90))]
+    out = sampler.generate(reqs)
+    assert calls == [[2, 3], [90, 95]]  # one group would pad the short prompts to 95
+    for req, resp in zip(reqs, out, strict=True):
+        for seq in resp.sequences:
+            assert_logprobs_exact(model, req, seq)
+
+
+def test_prefill_groups_cut_padding_within_limits(monkeypatch):
+    lengths = [40, 3, 41, 5, 120, 4, 39, 118, 6, 42]
+    keys = [PromptKey(tuple(range(n)), None) for n in lengths]
+    scored = [i % 4 == 0 for i in range(len(keys))]
+    monkeypatch.setattr(prefill_module, "MAX_PREFILL_TOKENS", 250)
+    groups = prefill_module.plan_groups(keys, scored, vocab_size=VOCAB)
+    assert sorted(i for g in groups for i in g) == list(range(len(keys)))
+    for group in groups:
+        assert len({scored[i] for i in group}) == 1  # prompts that want scores are apart
+        longest = max(lengths[i] for i in group)
+        assert len(group) == 1 or len(group) * longest <= 250
+    unscored = [[lengths[i] for i in g] for g in groups if not scored[g[0]]]
+    assert unscored == [[3, 4, 5], [39, 41, 42], [118]]
 
 
 def test_adapters_really_differ(model, sampler):

@@ -26,7 +26,7 @@ from transformers import (
 from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop
 
 # Bare vs HF logits: float32 rounding only (summation order differs), on logits of size ~10.
-CLOSE = dict(atol=5e-5, rtol=1e-5)
+CLOSE = {"atol": 5e-5, "rtol": 1e-5}
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,16 @@ def test_request_joining_mid_decode_is_exact(service: tinker.ServiceClient, work
     _wait_for(lambda: sampling.steps > steps + 3, "the long sample to decode")
     # Hold the worker between two decode steps while the late request reaches its queue, so it
     # surely arrives mid-decode (the long sample has hundreds of steps left).
-    gate = threading.Event()
-    held = worker.submit(lambda engine: gate.wait(30))
+    running, gate = threading.Event(), threading.Event()
+
+    def hold(engine: object) -> bool:
+        running.set()
+        return gate.wait(30)
+
+    held = worker.submit(hold)
+    # Count the queue only once the worker runs the hold job: read earlier, the count could
+    # include the hold job itself, and the late request would never seem to arrive.
+    assert running.wait(30), "the worker did not start the hold job"
     queued = worker.queued()
     late = sampler.sample(types.ModelInput.from_ints(late_prompt), 3,
                           types.SamplingParams(max_tokens=20, stop=[], seed=2))

@@ -9,7 +9,8 @@ calls per layer. Here the layers run directly on the weights:
 - rotary cos/sin are computed once per step (by the model's own rotary module, so every rope
   scaling type HF supports is honoured), the padding mask is turned into an additive bias once;
 - keys/values are written in place into the `SlotCache` at its write column;
-- attention is two batched matrix products per layer with grouped-query heads as a view;
+- attention is two batched matrix products per layer with grouped-query heads as a view,
+  on all threads (it reads every cached key and value: memory-bound, unlike the rest);
 - LoRA deltas follow the runner's `LoraPlan` (the same row groups as `fused_lora`), added into
   the slice of the fused output that belongs to each projection.
 
@@ -22,6 +23,8 @@ than plain LoRA linears, merged or disabled adapters.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -163,10 +166,10 @@ class LlamaDecoder:
         threads = torch.get_num_threads()
         if threads <= 1:
             return self._forward(input_ids, position_ids, attention_mask, cache, groups)
-        # Everything but the matrix products runs on one thread: for these small tensors the
-        # cost of waking the other OpenMP threads (sleeping ones under OMP_WAIT_POLICY=PASSIVE)
+        # Everything but the matrix products and attention runs on one thread: for these small
+        # tensors the cost of waking the other OpenMP threads (sleeping ones under OMP_WAIT_POLICY=PASSIVE)
         # exceeded the work (silu * up on [32, 1536]: ~110 us on 2 threads, ~20 us on one),
-        # while the products are ~1.5-2x faster on 2 threads. `_mm` switches around them.
+        # while the products are ~1.5-2x faster on 2 threads. `_mm_threads` switches around them.
         _MM_THREADS[0] = threads
         torch.set_num_threads(1)
         try:
@@ -199,10 +202,8 @@ class LlamaDecoder:
             kv.keys[:, :, col] = qk[:, nq:]
             kv.values[:, :, col] = qkv[:, (nq + nkv) * dim :].view(rows, nkv, dim)
             q = qk[:, :nq].reshape(rows, nkv, nq // nkv, dim)
-            scores = torch.matmul(q, kv.keys[:, :, :end].transpose(-1, -2))  # [B, nkv, g, L]
-            scores.mul_(self.scale).add_(bias)
-            probs = torch.softmax(scores, dim=-1)
-            attn = torch.matmul(probs, kv.values[:, :, :end]).view(rows, nq * dim)
+            attn = _attention(q, kv.keys[:, :, :end], kv.values[:, :, :end], bias, self.scale)
+            attn = attn.view(rows, nq * dim)
             h.add_(_project(layer.o, attn, groups))
             x = layer.post_norm(h)
             gu = _fused(layer.gate_up, x, groups)
@@ -230,6 +231,18 @@ class _Rope:
         return out
 
 
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v. Runs on the matrix-product threads: reading this
+    step's keys/values is the largest memory traffic outside the weights (4 MB a layer at
+    batch 32 and 80 positions), and two threads took it from ~18 to ~11 ms a step."""
+    with _mm_threads():
+        scores = torch.matmul(q, keys.transpose(-1, -2))  # [B, nkv, g, L]
+        scores.mul_(scale).add_(bias)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, values)
+
+
 def _linear(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return _mm(packed_linear._packed(weight, None, x.shape[0]), x)
 
@@ -238,15 +251,23 @@ def _linear(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 _MM_THREADS = [0]
 
 
-def _mm(packed_w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+@contextmanager
+def _mm_threads() -> Iterator[None]:
+    """All threads for the block, when a step runs the rest on one thread."""
     threads = _MM_THREADS[0]
     if not threads:
-        return torch.ops.mkldnn._linear_pointwise(x, packed_w, None, "none", [], "")
+        yield
+        return
     torch.set_num_threads(threads)
     try:
-        return torch.ops.mkldnn._linear_pointwise(x, packed_w, None, "none", [], "")
+        yield
     finally:
         torch.set_num_threads(1)
+
+
+def _mm(packed_w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    with _mm_threads():
+        return torch.ops.mkldnn._linear_pointwise(x, packed_w, None, "none", [], "")
 
 
 def _project(module: nn.Module, x: torch.Tensor, groups: Plan) -> torch.Tensor:

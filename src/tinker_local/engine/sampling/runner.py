@@ -45,6 +45,9 @@ class ModelRunner:
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
+        # Entering eval_mode walks every module (~1.6 ms for SmolLM2): the sampling loop enters
+        # it once and each step's nested entry is free.
+        self._in_eval_mode = False
         self.decoder = LlamaDecoder.build(model, self.is_peft)  # None: HF path only
         self.use_bare_decode = True
         self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
@@ -65,9 +68,10 @@ class ModelRunner:
         """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
         under inference_mode, with packed CPU linear layers; the caller's training flag and
         layers are restored afterwards."""
-        if self._plan is not None:  # nested: the outer block has set everything up
+        if self._in_eval_mode:  # nested: the outer block has set everything up
             yield
             return
+        self._in_eval_mode = True
         was_training = self.model.training
         if was_training:
             self.model.eval()
@@ -83,6 +87,7 @@ class ModelRunner:
                     finally:
                         self._plan = None
         finally:
+            self._in_eval_mode = False
             if was_training:
                 self.model.train()
 
