@@ -290,7 +290,13 @@ def _fused(projs: list[_Proj], x: torch.Tensor, groups: Plan) -> torch.Tensor:
 
 
 def _add_lora(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, groups: Plan) -> None:
-    """out += this layer's LoRA update, each row with its adapter (the runner's row plan)."""
+    """out += this layer's LoRA update, each row with its adapter (the runner's row plan).
+    On the matrix-product threads: B of a LoRA on the output layer is 49k wide."""
+    with _mm_threads():
+        _add_lora_rows(layer, x, out, groups)
+
+
+def _add_lora_rows(layer: nn.Module, x: torch.Tensor, out: torch.Tensor, groups: Plan) -> None:
     for name, rows in groups:
         if name not in layer.lora_A:
             continue  # this adapter does not target this layer
