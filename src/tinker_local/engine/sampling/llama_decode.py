@@ -196,7 +196,7 @@ class LlamaDecoder:
         bias.masked_fill_(~attention_mask, float("-inf"))  # [B, 1, 1, L], once per step
         nq, nkv, dim = self.heads, self.kv_heads, self.head_dim
         for layer, kv in zip(self.layers, cache.layers, strict=True):
-            x = layer.input_norm(h)
+            x = _rms_norm(layer.input_norm, h)
             qkv = _fused(layer.qkv, x, groups)  # [B, (nq + 2 nkv) * dim]
             qk = rope.apply(qkv[:, : (nq + nkv) * dim].view(rows, nq + nkv, dim))
             kv.keys[:, :, col] = qk[:, nq:]
@@ -205,13 +205,18 @@ class LlamaDecoder:
             attn = _attention(q, kv.keys[:, :, :end], kv.values[:, :, :end], bias, self.scale)
             attn = attn.view(rows, nq * dim)
             h.add_(_project(layer.o, attn, groups))
-            x = layer.post_norm(h)
+            x = _rms_norm(layer.post_norm, h)
             gu = _fused(layer.gate_up, x, groups)
             half = gu.shape[1] // 2
             act = nn.functional.silu(gu[:, :half]).mul_(gu[:, half:])
             h.add_(_project(layer.down, act, groups))
-        h = self.final_norm(h)
+        h = _rms_norm(self.final_norm, h)
         return _project(self.lm_head, h, groups)
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A LlamaRMSNorm (float32 here) as one fused op instead of its six."""
+    return nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 class _Rope:
