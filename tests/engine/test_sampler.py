@@ -133,11 +133,21 @@ def test_prompts_of_very_different_lengths_prefill_apart_and_stay_exact(model, s
         calls.append(sorted(len(k.prompt) for k in keys))
         return real_prefill(runner, keys, topk, scored)
 
+    joins = []
+    real_join = batch_module.DecodeBatch.join
+
+    def join_spy(batch, *new):
+        joins.append(len(new))
+        return real_join(batch, *new)
+
     monkeypatch.setattr(scheduler_module, "run_prefill", spy)
+    monkeypatch.setattr(batch_module.DecodeBatch, "join", join_spy)
     reqs = [GenRequest(prompt_of(n, n), params(seed=n, max_tokens=6), num_samples=2,
                        adapter_name=ADAPTERS[i % 3]) for i, n in enumerate((2, 95, 3, 90))]
     out = sampler.generate(reqs)
     assert calls == [[2, 3], [90, 95]]  # one group would pad the short prompts to 95
+    # Both groups join the decode batch in one call: each join re-allocates the whole cache.
+    assert joins == [2]
     for req, resp in zip(reqs, out, strict=True):
         for seq in resp.sequences:
             assert_logprobs_exact(model, req, seq)

@@ -84,12 +84,16 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, new: NewRows) -> None:
+    def join(self, *new: NewRows) -> None:
         """Add rows; existing and new rows are right-aligned to a common write column, and
-        columns that are padding for every row are dropped."""
-        if not new.rows:
+        columns that are padding for every row are dropped. Join everything that arrives at
+        once in one call: each call builds the whole cache anew, so its peak memory is the old
+        cache plus the new one."""
+        parts = [p for p in new if p.rows]
+        if not parts:
             return
-        parts = [self._as_new_rows(), new] if self.rows else [new]
+        if self.rows:
+            parts.insert(0, self._as_new_rows())
         col = max(p.cache.write_col for p in parts)
         valid = torch.cat([_pad_left(p.valid, col, col) for p in parts])
         shift = _leading_padding(valid)

@@ -110,18 +110,22 @@ class Scheduler:
             wants[s.key] |= r.prompt_logprobs or r.topk_prompt_logprobs > 0
             topk[s.key] = max(topk[s.key], r.topk_prompt_logprobs)
         done: list[RequestState] = []
+        joining: list[NewRows] = []
         for group_idx in plan_groups(keys, [wants[k] for k in keys], self.runner.vocab_size):
             group_keys = [keys[i] for i in group_idx]
             group = run_prefill(
                 self.runner, group_keys, [topk[k] for k in group_keys], wants[group_keys[0]]
             )
             members = [s for s in states if s.key in set(group_keys)]
-            done += self._start_rows(group, members)
+            done += self._start_rows(group, members, joining)
+        self.batch.join(*joining)  # once: each join re-allocates the whole cache
         return done
 
-    def _start_rows(self, group: PrefillGroup, states: list[RequestState]) -> list[RequestState]:
+    def _start_rows(
+        self, group: PrefillGroup, states: list[RequestState], joining: list[NewRows]
+    ) -> list[RequestState]:
         """Create every sample row of `states`, sample its first token from the prefill logits,
-        and send the unfinished rows to the decode batch."""
+        and add the unfinished rows to `joining` (for the decode batch)."""
         index = {k: i for i, k in enumerate(group.keys)}
         rows: list[Row] = []
         source: list[int] = []
@@ -155,7 +159,7 @@ class Scheduler:
             cache = group.cache
             cache.relayout(group_rows, cache.write_col)
             lengths = torch.tensor([len(rows[i].owner.request.prompt) for i in alive])
-            self.batch.join(
+            joining.append(
                 NewRows(
                     rows=[rows[i] for i in alive],
                     cache=cache,
