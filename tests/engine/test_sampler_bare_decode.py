@@ -93,6 +93,18 @@ def test_bare_step_equals_hf_step_with_one_adapter(model, adapter):
     assert torch.allclose(bare, hf, **CLOSE), (bare - hf).abs().max()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_bare_step_equals_hf_step_with_few_rows(model, rows):
+    """Below `packed_linear.MIN_ROWS` rows the bare step uses plain products (faster for one or
+    two rows on memory-bound CPUs): still the HF step's logits, with LoRA rows."""
+    reqs = [GenRequest(prompt_of(n, n), params(seed=n, max_tokens=20),
+                       adapter_name=ADAPTERS[1 + i % 2]) for i, n in enumerate((3, 8, 5)[:rows])]
+    loop = _decoding_loop(model, reqs, steps=3)
+    assert len(loop.scheduler.batch) == rows
+    bare, hf = _both_paths(loop)
+    assert torch.allclose(bare, hf, **CLOSE), (bare - hf).abs().max()
+
+
 def test_bare_step_equals_hf_step_without_peft():
     """A plain Llama (one kv head, linear rope scaling: cos/sin come from the model's own
     rotary module) also takes the bare path."""

@@ -72,15 +72,19 @@ class _PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.module.weight, self.module.bias
         rows = x.numel() // x.shape[-1]
-        if (x.dtype != weight.dtype or torch.is_grad_enabled()
-                or (rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT
-                    and x.dtype == torch.float32)):
+        if x.dtype != weight.dtype or torch.is_grad_enabled() or plain_is_faster(weight, rows):
             return nn.functional.linear(x, weight, bias)
         packed_w = _packed(weight, bias, rows)
         flat = x.reshape(rows, x.shape[-1]).contiguous()
         b = None if bias is None else bias.detach()
         out = torch.ops.mkldnn._linear_pointwise(flat, packed_w, b, "none", [], "")
         return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def plain_is_faster(weight: torch.Tensor, rows: int) -> bool:
+    """Whether `F.linear` beats the packed product here: float32 with fewer than MIN_ROWS rows,
+    unless the output is very wide (MKL's matrix-vector product streams the weight faster)."""
+    return rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT and weight.dtype == torch.float32
 
 
 def _fingerprint(t: torch.Tensor | None) -> tuple[int, int] | None:
