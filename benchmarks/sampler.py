@@ -38,6 +38,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -234,6 +235,17 @@ def _logprob_error(model, prompts, samples, sequences, check=4, stats=None) -> f
     return error.max().item()
 
 
+def cpu_model() -> str:
+    """The CPU's name: ratios to `generate` differ between CPUs (README, "Benchmarks")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -380,6 +392,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cases = list(dict.fromkeys(r["case"] for r in runs))
     meta = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "load_average_at_end": os.getloadavg(), "cases": {n: vars(CASES[n]) for n in cases},
             "note": "shared 2-core CPU under load from other processes: see each run's "
                     "load_average; compare engines within a case, not across sessions"}
