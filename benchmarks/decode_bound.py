@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from sampler import _run_ours, cpu_model, make_prompts
+from sampler import _add_lora, _run_ours, cpu_model, make_prompts
 
 RESULTS = Path(__file__).parent / "results" / "decode_bound.json"
 
@@ -133,6 +133,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--lora", action="store_true",
+                        help="sample through one rank-32 LoRA adapter on every linear layer "
+                             "(as `sampler.py`'s ours_lora)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -143,6 +146,8 @@ def main() -> None:
 
     base = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
     prompts = make_prompts(base.tokenizer, args.rows)
+    if args.lora:
+        _add_lora(base)
     _run_ours(base, prompts, 1, 4)  # warm-up at this shape (oneDNN kernels, packed weights)
     with StepTimer(llama_decode) as timer:
         start = time.perf_counter()
@@ -182,13 +187,14 @@ def main() -> None:
         ("bytes read / bandwidth", f"{memory_floor_ms:.1f} ms",
          f"memory floor at {bandwidth:.1f} GB/s (sum of a 512 MB array)"),
     ]
-    print(f"{cpu_model()}, {torch.get_num_threads()} threads, batch {args.rows}\n")
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads, batch {args.rows}"
+          f"{', rank-32 LoRA' if args.lora else ''}\n")
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>10}  {note}")
     result = {
         "cpu_model": cpu_model(), "threads": torch.get_num_threads(), "rows": args.rows,
-        "new_tokens": args.new_tokens, "tok_per_s": tokens / wall, "wall_s": wall,
+        "new_tokens": args.new_tokens, "lora": args.lora, "tok_per_s": tokens / wall, "wall_s": wall,
         "decode_steps": len(steps), "decode_s": decode_s, "step_ms": step_ms,
         "products_ms": mm_ms, "attention_ms": attn_ms, "lora_ms": lora_ms,
         "bytes_per_step": weight_bytes, "products_in_cache_ms": compute_floor_ms,
