@@ -107,9 +107,9 @@ def test_bare_step_equals_hf_step_with_few_rows(model, rows):
 
 def test_bare_step_equals_hf_step_without_peft():
     """A plain Llama (one kv head, linear rope scaling: cos/sin come from the model's own
-    rotary module) also takes the bare path."""
+    rotary module) also takes the bare path (5 rows: the packed products)."""
     loop = _decoding_loop(_plain_llama(), [GenRequest(prompt_of(n), params(seed=n))
-                                           for n in (2, 7, 11)], steps=3)
+                                           for n in (2, 7, 11, 4, 9)], steps=3)
     assert loop.sampler.runner.decoder is not None
     bare, hf = _both_paths(loop)
     assert torch.allclose(bare, hf, **CLOSE), (bare - hf).abs().max()
