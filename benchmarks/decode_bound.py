@@ -58,7 +58,9 @@ class StepTimer:
 
     def __enter__(self):
         decoder = self.module.LlamaDecoder
-        self._wrap("_mm", lambda w, x: w.numel() * w.element_size())
+        weight_bytes = lambda w, *_: w.numel() * w.element_size()
+        self._wrap("_mm", weight_bytes)
+        self._wrap("_plain_mm", weight_bytes)  # below packed_linear.MIN_ROWS rows
         self._wrap("_attention", lambda q, k, v, *_: 2 * k.numel() * k.element_size())
         self._wrap("_add_lora", lambda *_: 0)
         original_forward = decoder.forward
@@ -66,7 +68,8 @@ class StepTimer:
         timer = self
 
         def forward(self_, *args, **kwargs):
-            timer._current = {"_mm": 0.0, "_attention": 0.0, "_add_lora": 0.0, "bytes": 0}
+            timer._current = {"_mm": 0.0, "_plain_mm": 0.0, "_attention": 0.0,
+                              "_add_lora": 0.0, "bytes": 0}
             start = time.perf_counter()
             out = original_forward(self_, *args, **kwargs)
             timer._current["step"] = time.perf_counter() - start
@@ -99,7 +102,8 @@ def _seconds(fn) -> float:
 
 def in_cache_products_ms(decoder, rows: int, repeats: int = 20) -> float:
     """One step's products with the weights of one layer (and the output layer) re-used, so they
-    stay in cache: the compute floor of the products. Scaled to all layers."""
+    stay in cache: the compute floor of the products. Scaled to all layers. Always the packed
+    products, also for --rows below `packed_linear.MIN_ROWS`, where a step uses plain ones."""
     from tinker_local.engine.sampling import llama_decode as ld
 
     layer = decoder.layers[0]
@@ -161,31 +165,31 @@ def main() -> None:
     def med(key: str) -> float:
         return 1000 * statistics.median(s[key] for s in steps)
 
-    step_ms, mm_ms, attn_ms = med("step"), med("_mm"), med("_attention")
-    lora_ms = med("_add_lora")
-    weight_bytes = statistics.median(s["bytes"] for s in steps)  # products + KV per step
+    step_ms, attn_ms, lora_ms = med("step"), med("_attention"), med("_add_lora")
+    mm_ms = 1000 * statistics.median(s["_mm"] + s["_plain_mm"] for s in steps)
+    bytes_read = statistics.median(s["bytes"] for s in steps)  # weights + KV per step
 
     sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
     with sampler.runner.eval_mode():
         decoder = sampler.runner.decoder
         compute_floor_ms = in_cache_products_ms(decoder, args.rows)
     bandwidth = read_bandwidth_gbs()
-    memory_floor_ms = 1000 * weight_bytes / (bandwidth * 1e9)
+    memory_floor_ms = 1000 * bytes_read / (bandwidth * 1e9)
     decode_s = sum(s["step"] for s in steps)
     rows = [
         ("sampler run", f"{tokens / wall:.0f} tok/s", f"{wall:.2f} s for {tokens} tokens"),
         ("  decode steps", f"{1000 * decode_s:.0f} ms", f"{len(steps)} steps"),
         ("  prefill, sampling, scheduling", f"{1000 * (wall - decode_s):.0f} ms", ""),
         ("decode step (median)", f"{step_ms:.1f} ms", ""),
-        ("  matrix products", f"{mm_ms:.1f} ms",
-         f"{weight_bytes / 1e6:.0f} MB weights + KV read a step"),
+        ("  matrix products", f"{mm_ms:.1f} ms", ""),
         ("  attention", f"{attn_ms:.1f} ms", ""),
         ("  LoRA", f"{lora_ms:.1f} ms", "0 without an adapter"),
         ("  rest", f"{step_ms - mm_ms - attn_ms - lora_ms:.1f} ms",
          "norms, rotary, activations, dispatch"),
         ("products, weights in cache", f"{compute_floor_ms:.1f} ms", "compute floor"),
         ("bytes read / bandwidth", f"{memory_floor_ms:.1f} ms",
-         f"memory floor at {bandwidth:.1f} GB/s (sum of a 512 MB array)"),
+         (f"memory floor: {bytes_read / 1e6:.0f} MB of weights + KV a step at "
+          f"{bandwidth:.1f} GB/s (sum of a 512 MB array)")),
     ]
     print(f"{cpu_model()}, {torch.get_num_threads()} threads, batch {args.rows}"
           f"{', rank-32 LoRA' if args.lora else ''}\n")
@@ -197,7 +201,7 @@ def main() -> None:
         "new_tokens": args.new_tokens, "lora": args.lora, "tok_per_s": tokens / wall, "wall_s": wall,
         "decode_steps": len(steps), "decode_s": decode_s, "step_ms": step_ms,
         "products_ms": mm_ms, "attention_ms": attn_ms, "lora_ms": lora_ms,
-        "bytes_per_step": weight_bytes, "products_in_cache_ms": compute_floor_ms,
+        "bytes_per_step": bytes_read, "products_in_cache_ms": compute_floor_ms,
         "read_bandwidth_gbs": bandwidth, "memory_floor_ms": memory_floor_ms,
         "load_average": os.getloadavg()[0],
     }

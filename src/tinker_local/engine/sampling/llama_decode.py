@@ -252,9 +252,13 @@ def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: 
 
 def _linear(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if packed_linear.plain_is_faster(weight, x.shape[0]):
-        with _mm_threads():
-            return nn.functional.linear(x, weight)
+        return _plain_mm(weight, x)
     return _mm(packed_linear._packed(weight, None, x.shape[0]), x)
+
+
+def _plain_mm(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    with _mm_threads():
+        return nn.functional.linear(x, weight)
 
 
 # Threads for matrix products while a step runs the rest on one thread (0: leave as is).
@@ -291,13 +295,12 @@ def _project(module: nn.Module, x: torch.Tensor, groups: Plan) -> torch.Tensor:
 
 
 def _fused(projs: list[_Proj], x: torch.Tensor, groups: Plan) -> torch.Tensor:
-    """The concatenated outputs of `projs` applied to x, as one matrix product."""
+    """The concatenated outputs of `projs` applied to x: one matrix product on the fused packed
+    weight, or below `packed_linear.MIN_ROWS` rows the plain products concatenated (a fused
+    unpacked copy of the weights would cost memory for little)."""
     weights = [_base_linear(p.module).weight for p in projs]
     if packed_linear.plain_is_faster(weights[0], x.shape[0]):
-        # One or two rows: the plain products, concatenated (a fused unpacked copy of the
-        # weights would cost memory for little).
-        with _mm_threads():
-            out = torch.cat([nn.functional.linear(x, w) for w in weights], dim=1)
+        out = torch.cat([_plain_mm(w, x) for w in weights], dim=1)
     else:
         out = _mm(_fused_weight(weights, x.shape[0]), x)
     for p in projs:

@@ -82,8 +82,9 @@ class _PackedForward:
 
 
 def plain_is_faster(weight: torch.Tensor, rows: int) -> bool:
-    """Whether `F.linear` beats the packed product here: float32 with fewer than MIN_ROWS rows,
-    unless the output is very wide (MKL's matrix-vector product streams the weight faster)."""
+    """Whether `F.linear` (MKL's matrix-vector-like product, which streams the weight faster
+    for a few rows) beats the packed product: float32 with fewer than MIN_ROWS rows, unless
+    the output is very wide."""
     return rows < MIN_ROWS and weight.shape[0] < WIDE_OUTPUT and weight.dtype == torch.float32
 
 
