@@ -236,14 +236,22 @@ def _logprob_error(model, prompts, samples, sequences, check=4, stats=None) -> f
 
 
 def cpu_model() -> str:
-    """The CPU's name: ratios to `generate` differ between CPUs (README, "Benchmarks")."""
+    """The CPU's name, family/model and widest vector unit, e.g. "AMD EPYC (family 25 model 1,
+    avx2)": ratios to `generate` differ between CPUs, even two sold under one name (README,
+    "Benchmarks")."""
     try:
+        fields = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break  # the first processor is enough
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return platform.processor() or "unknown"
+    flags = fields.get("flags", "").split()
+    vector = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
+    return (f"{fields.get('model name', 'unknown')} (family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}, {vector})")
 
 
 def _peak_rss_mb() -> float:
