@@ -1,9 +1,12 @@
 """Where a batched decode step's time goes, against what this machine allows.
 
 The sampler's speed relative to `generate` differs a lot between CPUs (session 4, AMD EPYC:
-2.6-3.05x; session 5, Intel Xeon: ~1.7x) because a float32 decode step at batch 32 reads every
-weight once (~540 MB for SmolLM2-135M) for only 32 multiply-adds per weight, and machines differ
-in how fast they stream memory into matrix products. This script measures, on this machine:
+2.6-3.05x; session 5, Intel Xeon: ~1.6x; session 6, AMD EPYC Zen 3: ~1.6x) because a float32
+decode step at batch 32 reads every weight once (~540 MB for SmolLM2-135M) for only 32
+multiply-adds per weight, and machines differ in how fast they stream memory into such
+short, wide matrix products (Intel: 68 ms against a 49 ms in-cache floor) and in how fast they
+multiply at 32 rows at all (Zen 3: 82 ms against 78; `gemm_rows.py`). This script measures,
+on this machine:
 
 - one real sampler run (the built-in model, float32, 32 prompts x 64 new tokens, the prompts of
   `benchmarks/sampler.py`), with each bare decode step split into its matrix products (weights
