@@ -275,11 +275,18 @@ def test_device_choices_and_errors(monkeypatch):
             models.resolve_device("cuda")
 
 
-def test_load_base_in_bfloat16(tiny_model_folder):
-    loaded = load_base(config.TINY_TEST_MODEL, device="cpu", dtype="bfloat16")
+@pytest.mark.parametrize("has_bf16_kernels", [True, False])
+def test_load_base_in_bfloat16(tiny_model_folder, monkeypatch, caplog, has_bf16_kernels):
+    """bf16 loads and runs on any CPU; where the CPU lacks bf16 matrix kernels (AVX2 only) the
+    user is warned that it will be slow."""
+    monkeypatch.setattr(models, "bf16_kernels_available", lambda: has_bf16_kernels)
+    with caplog.at_level("WARNING", logger=models.__name__):
+        loaded = load_base(config.TINY_TEST_MODEL, device="cpu", dtype="bfloat16")
     assert loaded.dtype == torch.bfloat16
     with torch.no_grad():
         assert torch.isfinite(loaded.model(PROMPT_IDS).logits).all()
+    warned = any("without bf16 matrix kernels" in r.getMessage() for r in caplog.records)
+    assert warned == (not has_bf16_kernels)
 
 
 def test_eos_ids_merge_generation_config_list_and_tokenizer():

@@ -56,3 +56,29 @@ def test_nested_blocks_and_autograd_fall_back_to_plain_linear(pack_everything):
     y.sum().backward()
     assert x.grad is not None
     assert "forward" not in layer.__dict__
+
+
+def test_bf16_support_check_agrees_with_what_onednn_accepts():
+    """Packing a bf16 weight raises on CPUs without oneDNN's bf16 kernels (AVX2-only ones):
+    `bf16_kernels_available` must say so before a sampler tries."""
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(weight, 4)
+        packs = True
+    except RuntimeError as err:
+        assert "bf16" in str(err)
+        packs = False
+    assert packed_linear.bf16_kernels_available() == packs
+
+
+def test_bf16_models_keep_plain_linear_without_bf16_kernels(pack_everything, monkeypatch):
+    monkeypatch.setattr(packed_linear, "bf16_kernels_available", lambda: False)
+    torch.manual_seed(0)
+    bf16_layer = nn.Linear(32, 64).to(torch.bfloat16)
+    x = torch.randn(8, 32).to(torch.bfloat16)
+    assert not packed_linear.available(bf16_layer)
+    assert packed_linear.available(nn.Linear(32, 64))  # float32 does not need them
+    with torch.inference_mode(), packed_linears(bf16_layer):
+        assert "forward" not in bf16_layer.__dict__
+        got = bf16_layer(x)
+    assert torch.equal(got, torch.nn.functional.linear(x, bf16_layer.weight, bf16_layer.bias))

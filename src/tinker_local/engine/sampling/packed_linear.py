@@ -7,7 +7,8 @@ linear with the weight packed once into its blocked layout (`_reorder_linear_wei
 inputs and outputs) was 2-4x faster here, for 32-row decode steps and for the 49k-wide output
 layer alike. Results differ from `F.linear` only by float32 rounding (~1e-6 relative).
 
-bfloat16 models are packed too (oneDNN's bf16 kernels, float32 accumulation). There it matters
+bfloat16 models are packed too where the CPU has oneDNN's bf16 kernels (float32 accumulation;
+AVX2-only CPUs lack them and keep `F.linear`). There it matters
 even more for the output layer: `F.linear` on a non-contiguous 3-D bf16 input (HF's
 `hidden[:, -1:]`) became a `bmm` against the weight expanded per row (a 32 x 576 x 49152 copy,
 seconds per prefill).
@@ -44,7 +45,16 @@ def available(model: nn.Module) -> bool:
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and p.device.type == "cpu"
             and p.dtype in PACKED_DTYPES
+            and (p.dtype != torch.bfloat16 or bf16_kernels_available())
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+def bf16_kernels_available() -> bool:
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Without
+    them packing a bf16 weight raises, so bf16 models keep the plain products (an AVX2-only AMD
+    EPYC, session 6)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return check is not None and bool(check())
 
 
 @contextmanager
