@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from decode_bound import _seconds
 from sampler import cpu_model
 
+from tinker_local.engine.sampling import llama_decode
 from tinker_local.engine.sampling.packed_linear import _packed, available
 
 RESULTS = Path(__file__).parent / "results" / "gemm_rows.json"
@@ -44,30 +45,25 @@ LAYER_SHAPES = {  # (output features, input features) of the decode step's fused
 
 def _median_seconds(fn, repeats: int) -> float:
     fn()  # warm-up: first-touch and packing costs are not what is measured
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_seconds(fn) for _ in range(repeats))
 
 
 def measure(rows: int, weights: list[dict[str, torch.Tensor]], repeats: int) -> dict:
     inputs = {features: torch.randn(rows, features) for features in (HIDDEN, MLP)}
     flops = 2 * rows * sum(out * inp for out, inp in LAYER_SHAPES.values()) * LAYERS
 
+    # The decode step's own product calls (outside a step they use all threads).
     def plain():
         for layer in weights:
             for w in layer.values():
-                torch.nn.functional.linear(inputs[w.shape[1]], w)
+                llama_decode._plain_mm(w, inputs[w.shape[1]])
 
     packed = [{name: _packed(w, None, rows) for name, w in layer.items()} for layer in weights]
 
     def packed_products():
         for layer, packed_layer in zip(weights, packed):
             for name, w in layer.items():
-                torch.ops.mkldnn._linear_pointwise(inputs[w.shape[1]], packed_layer[name], None,
-                                                   "none", [], "")
+                llama_decode._mm(packed_layer[name], inputs[w.shape[1]])
 
     result = {"rows": rows}
     with torch.no_grad():
@@ -86,11 +82,11 @@ def main() -> None:
     args = parser.parse_args()
     if any(r < 1 for r in args.rows):
         parser.error(f"--rows must be positive, got {args.rows}")
+    if not available(torch.nn.Linear(1, 1)):
+        raise SystemExit("oneDNN packed linear is not available in this torch build")
     torch.manual_seed(0)
     weights = [{name: torch.randn(shape) for name, shape in LAYER_SHAPES.items()}
                for _ in range(LAYERS)]
-    if not available(torch.nn.Linear(1, 1)):
-        raise SystemExit("oneDNN packed linear is not available in this torch build")
 
     print(f"{cpu_model()}, {torch.get_num_threads()} threads; {LAYERS} layers of "
           f"{', '.join(f'{n} {o}x{i}' for n, (o, i) in LAYER_SHAPES.items())}")

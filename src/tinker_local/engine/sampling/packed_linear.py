@@ -8,10 +8,9 @@ inputs and outputs) was 2-4x faster here, for 32-row decode steps and for the 49
 layer alike. Results differ from `F.linear` only by float32 rounding (~1e-6 relative).
 
 bfloat16 models are packed too where the CPU has oneDNN's bf16 kernels (float32 accumulation;
-AVX2-only CPUs lack them and keep `F.linear`). There it matters
-even more for the output layer: `F.linear` on a non-contiguous 3-D bf16 input (HF's
-`hidden[:, -1:]`) became a `bmm` against the weight expanded per row (a 32 x 576 x 49152 copy,
-seconds per prefill).
+AVX2-only CPUs lack them and keep `F.linear`). There it matters even more for the output layer:
+`F.linear` on a non-contiguous 3-D bf16 input (HF's `hidden[:, -1:]`) became a `bmm` against
+the weight expanded per row (a 32 x 576 x 49152 copy, seconds per prefill).
 
 `packed_linears(model)` patches the forward of every large `nn.Linear` of a float32/bf16 CPU model
 (including the base layers inside peft's LoRA layers; the small LoRA matrices stay as they are)
