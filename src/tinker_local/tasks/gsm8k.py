@@ -136,7 +136,8 @@ def make_problems(
     if split not in ("train", "test"):
         raise ValueError(f"gsm8k: split must be 'train' or 'test', got {split!r}")
     if not isinstance(r1_zero, bool):
-        raise ValueError(f"gsm8k: r1_zero must be true or false, got {r1_zero!r}")  # noqa: TRY004
+        message = f"gsm8k: r1_zero must be true or false, got {r1_zero!r}"
+        raise ValueError(message)  # noqa: TRY004
     for name, value in (("seed", seed), ("val_seed", val_seed)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"gsm8k: {name} must be an integer, got {value!r}")

@@ -81,9 +81,10 @@ def _hf_cache_source() -> Source | None:
             (hub / repo / "snapshots").glob("*/main"), key=lambda p: p.stat().st_mtime
         )
         for main in reversed(snapshots):
-            source = _folder_source(main.parent)
-            if source.train or source.test:
-                return source
+            try:
+                return _folder_source(main.parent)
+            except FileNotFoundError:  # an incomplete snapshot: try an older one
+                continue
     return None
 
 
@@ -159,7 +160,8 @@ def read_rows(file: Path) -> list[Row]:
     # Bad rows are bad data: ValueError throughout (callers catch it), not TypeError.
     for where, record in _raw_records(file):
         if not isinstance(record, dict):
-            raise ValueError(f"gsm8k: {where}: a row should be an object, got {record!r:.80}")  # noqa: TRY004
+            message = f"gsm8k: {where}: a row should be an object, got {record!r:.80}"
+            raise ValueError(message)  # noqa: TRY004
         missing = [key for key in ("question", "answer") if key not in record]
         if missing:
             raise ValueError(f"gsm8k: {where} lacks {missing} (has {sorted(record)})")
@@ -167,7 +169,8 @@ def read_rows(file: Path) -> list[Row]:
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"gsm8k: {where}: 'question' should be non-empty text")
         if not isinstance(answer, str):
-            raise ValueError(f"gsm8k: {where}: 'answer' should be text, got {answer!r:.80}")  # noqa: TRY004
+            message = f"gsm8k: {where}: 'answer' should be text, got {answer!r:.80}"
+            raise ValueError(message)  # noqa: TRY004
         try:
             parse_reference(answer)
         except ValueError as exc:
