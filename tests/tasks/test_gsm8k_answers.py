@@ -60,6 +60,8 @@ SOLUTION_1000 = "It costs 10 * 100 = <<10*100=1000>>1000 dollars.\n#### 1000"
         ("18 dollars, since 9 × 2 = 18", 18),
         ("18. She sold 9 eggs but kept 3", 18),
         ("Janet makes $18 every day.", 18),
+        ("**18** dollars, from 9 eggs at $2", 18),
+        ("**Answer:** 18", 18),
         # a revised or hedged answer is worth its last number
         ("18, no wait, 20", 20),
         ("18 or 20", 20),

@@ -116,6 +116,7 @@ def _frac_to_slash(match: re.Match[str]) -> str:
 def plain_text(text: str) -> str:
     """LaTeX reduced to the plain text a number reader needs."""
     text = text.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",")
+    text = re.sub(r"\*\*(.+?)\*\*", r"\1", text)  # markdown bold: **18** dollars
     # thin spaces as thousands separators: 1\,000, 1~000, 1 000 (U+2009/U+202F/U+00A0)
     text = re.sub(r"(?<=\d)(?:\\[,;: ]|~|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))", "", text)
     previous = None
