@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from tinker_local.tasks import gsm8k
@@ -82,7 +80,7 @@ def test_score_r1_zero_needs_think_then_answer():
     )
 
 
-def test_sample_data_and_local_files(tmp_path):
+def test_sample_data():
     train = gsm8k.make_problems("train", path="sample", seed=1)
     test = gsm8k.make_problems("test", path="sample")
     assert len(train) == 16 and len(test) == 8
@@ -92,32 +90,4 @@ def test_sample_data_and_local_files(tmp_path):
     assert [p.question for p in gsm8k.make_problems("train", path="sample", seed=1)] == [
         p.question for p in train
     ]  # seeded shuffle
-    f = tmp_path / "mine.jsonl"
-    f.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
-    assert gsm8k.make_problems("test", path=f)[0].reference == 2.0
-    (tmp_path / "bad.jsonl").write_text(json.dumps({"q": "x"}) + "\n")
-    with pytest.raises(ValueError, match="lacks 'question'/'answer'"):
-        gsm8k.load_rows("test", tmp_path / "bad.jsonl")
-
-
-def test_missing_data_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
-        gsm8k.load_rows("train")
-    with pytest.raises(FileNotFoundError, match="no train data"):
-        gsm8k.load_rows("train", tmp_path / "nope.jsonl")
-
-
-def test_hf_cache_layout_is_found(tmp_path, monkeypatch):
-    pytest.importorskip("pyarrow")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = tmp_path / "hub/datasets--openai--gsm8k/snapshots/abc/main"
-    folder.mkdir(parents=True)
-    pq.write_table(
-        pa.Table.from_pylist([{"question": "q", "answer": "#### 5"}]),
-        folder / "test-00000-of-00001.parquet",
-    )
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    assert gsm8k.load_rows("test") == [{"question": "q", "answer": "#### 5"}]
+    assert len(gsm8k.load_rows("train", "sample")) == 16

@@ -1,30 +1,54 @@
 """GSM8K grade-school math: the recipe the RL loop was first written for.
 
-The answer is read from the first place that has one, in this order: the last
-`<answer>...</answer>`, the last `\\boxed{...}`, the last number anywhere. Reward: 0.8 for the
-right number plus 0.2 for format (the answer sits in `<answer>` tags or a `\\boxed{}`; with the
-R1-zero prompt, a `<think>...</think>` block followed by `<answer>...</answer>`).
+Prompt formats (option `r1_zero`):
+- false (default): the question, then "solve step by step, final number in <answer></answer>".
+- true: R1-Zero style: a system prompt asking for `<think>...</think>` then
+  `<answer>...</answer>`, the question as the user turn.
 
-Data never comes from the network: a JSONL/JSON/Parquet file in GSM8K's own format
-(`{"question", "answer"}` with the reference after `####`), the Hugging Face cache, or the small
-sample shipped in `tasks/data/` (problems written for this project, for tests and smoke runs).
+Reward: 0.8 for the right number plus 0.2 for format (plain: the answer sits in `<answer>` tags
+or a `\\boxed{}`; R1-zero: the whole reply is a `<think>` block then an `<answer>` block). The
+answer is the last `<answer>...</answer>`, else the last `\\boxed{...}`, else the last number;
+it is read the way models write it: `1{,}000`, `\\text{}`, `\\dfrac{36}{2}`, `$18.00`, `18 cm`,
+`18%`, `x = 5`, "18. She sold ..." (`gsm8k_answers`). Metrics: `correct`, `format`.
+
+Options (`--task-option KEY=VALUE`): `path` (a GSM8K folder in the Hugging Face layout or with
+train/test JSONL, one file, or `sample`; default: the local Hugging Face cache; nothing is
+downloaded), `n_test` (greedy validation on this many seeded random held-out problems, default
+200), `n_train` (training problems, default all), `val_seed` (which held-out problems; default
+the run's seed), `r1_zero`. Held-out and training problems never share a question
+(`gsm8k_data`). docs/gsm8k.md has the whole recipe.
 """
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tinker_local.rl.problem_env import ProblemDataset
 from tinker_local.rl.types import Message, RLDataset, Score, SingleTurnProblem
+from tinker_local.tasks import gsm8k_data
+from tinker_local.tasks.gsm8k_answers import (
+    ExtractedAnswer,
+    extract_answer,
+    numbers_equal,
+    parse_number,
+    parse_reference,
+)
 
-DATA_DIR = Path(__file__).parent / "data"
+__all__ = [
+    "ExtractedAnswer",
+    "GSM8KProblem",
+    "extract_answer",
+    "load_rows",
+    "make_dataset",
+    "make_problems",
+    "numbers_equal",
+    "parse_number",
+    "parse_reference",
+]
+
 FORMAT_WEIGHT = 0.2
 CORRECT_WEIGHT = 0.8
 
@@ -38,77 +62,7 @@ R1_ZERO_SYSTEM = (
     "<think> reasoning </think> <answer> 42 </answer>"
 )
 
-AnswerSource = Literal["answer_tag", "boxed", "last_number"]
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _R1_FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
-# A number as people write them: optional sign, thousands commas, decimals ("-1,234.5", ".5").
-_NUMBER = re.compile(r"[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-−]?\.\d+")
-_FRAC = re.compile(r"\\d?frac\{\s*(-?\d+(?:\.\d+)?)\s*\}\{\s*(-?\d+(?:\.\d+)?)\s*\}")
-
-
-@dataclass(frozen=True)
-class ExtractedAnswer:
-    text: str | None  # the answer as written (None when nothing was found)
-    source: AnswerSource | None
-
-
-def _boxed_contents(text: str) -> list[str]:
-    """The contents of every `\\boxed{...}`, braces matched (so `\\boxed{\\frac{1}{2}}` works)."""
-    out = []
-    for match in re.finditer(r"\\boxed\s*\{", text):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[match.end() : i - 1])
-    return out
-
-
-def extract_answer(text: str) -> ExtractedAnswer:
-    """Where the model's final answer is, by the precedence described in the module docstring."""
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return ExtractedAnswer(tags[-1].strip(), "answer_tag")
-    boxed = _boxed_contents(text)
-    if boxed:
-        return ExtractedAnswer(boxed[-1].strip(), "boxed")
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return ExtractedAnswer(numbers[-1], "last_number")
-    return ExtractedAnswer(None, None)
-
-
-def parse_number(text: str | None) -> float | None:
-    """The value of an answer: the last number in it, with "$", "%", commas and a unicode minus
-    handled ("$1,234.50" -> 1234.5, "−7" -> -7), and `\\frac{a}{b}` as a / b. A boxed answer
-    inside tags is unwrapped first."""
-    if text is None:
-        return None
-    boxed = _boxed_contents(text)
-    if boxed:
-        text = boxed[-1]
-    frac = _FRAC.search(text)
-    if frac and float(frac.group(2)) != 0:
-        return float(frac.group(1)) / float(frac.group(2))
-    numbers = _NUMBER.findall(text)
-    if not numbers:
-        return None
-    return float(numbers[-1].replace(",", "").replace("−", "-"))
-
-
-def numbers_equal(a: float | None, b: float | None) -> bool:
-    return a is not None and b is not None and abs(a - b) <= 1e-6 * max(1.0, abs(b))
-
-
-def parse_reference(gsm8k_answer: str) -> float:
-    """The number after `####` in a GSM8K `answer` field."""
-    if "####" not in gsm8k_answer:
-        raise ValueError(f"GSM8K answer has no '####' reference: {gsm8k_answer[-80:]!r}")
-    value = parse_number(gsm8k_answer.split("####")[-1])
-    if value is None:
-        raise ValueError(f"GSM8K reference is not a number: {gsm8k_answer.split('####')[-1]!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -151,59 +105,18 @@ class GSM8KProblem(SingleTurnProblem):
 # --- data -------------------------------------------------------------------------------------
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ImportError(
-                f"reading {path} needs pyarrow (pip install pyarrow), or convert it to JSONL"
-            ) from exc
-        return pq.read_table(path).to_pylist()
-    text = path.read_text()
-    if path.suffix == ".json":
-        return list(json.loads(text))
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _hf_cache_files(split: str) -> list[Path]:
-    """GSM8K parquet files already in the local Hugging Face cache (never downloaded)."""
-    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    patterns = [
-        f"datasets--openai--gsm8k/snapshots/*/main/{split}-*.parquet",
-        f"datasets--gsm8k/snapshots/*/main/{split}-*.parquet",
-    ]
-    return [Path(p) for pat in patterns for p in sorted(glob.glob(str(hub / pat)))]
-
-
 def load_rows(split: str = "train", path: str | Path | None = None) -> list[dict[str, str]]:
-    """GSM8K rows from `path` (a file, or a folder with `{split}.jsonl` / `{split}*.parquet`),
-    else from the Hugging Face cache, else a clear error. `path="sample"` is the shipped sample."""
+    """Every row of one split's files (`gsm8k_data.find_source`), each checked; a single file
+    is both splits' source."""
     if split not in ("train", "test"):
         raise ValueError(f"gsm8k: split must be 'train' or 'test', got {split!r}")
-    if path == "sample":
-        files = [DATA_DIR / f"gsm8k_sample_{split}.jsonl"]
-    elif path is not None:
-        p = Path(path).expanduser()
-        if p.is_dir():
-            files = sorted(p.glob(f"{split}*.jsonl")) + sorted(p.glob(f"{split}*.parquet"))
-        else:
-            files = [p]
-        if not files or not all(f.is_file() for f in files):
-            raise FileNotFoundError(f"gsm8k: no {split} data at {p}")
-    else:
-        files = _hf_cache_files(split)
-        if not files:
-            raise FileNotFoundError(
-                "gsm8k: no data given and none in the Hugging Face cache (nothing is downloaded). "
-                "Pass a GSM8K-format JSONL/Parquet file or folder, or 'sample' for the small "
-                "sample shipped with tinker-local."
-            )
-    rows = [row for f in files for row in _read_rows(f)]
-    for i, row in enumerate(rows):
-        if "question" not in row or "answer" not in row:
-            raise ValueError(f"gsm8k: row {i} of {files} lacks 'question'/'answer': {row!r}")
-    return rows
+    source = gsm8k_data.find_source(path)
+    files = source.test if split == "test" and source.test else source.train
+    if not files:
+        raise FileNotFoundError(f"gsm8k: no {split} files in {source.description}")
+    return [
+        {"question": r.question, "answer": r.answer} for f in files for r in gsm8k_data.read_rows(f)
+    ]
 
 
 def make_problems(
@@ -213,13 +126,33 @@ def make_problems(
     path: str | Path | None = None,
     r1_zero: bool = False,
     seed: int = 0,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    val_seed: int | None = None,
 ) -> list[GSM8KProblem]:
-    """GSM8K problems; the training split is shuffled with `seed`, the test split kept in order."""
-    rows = load_rows(split, path)
-    problems = [GSM8KProblem(r["question"], r["answer"], r1_zero) for r in rows]
+    """GSM8K problems. train: the training pool shuffled with `seed`, the first `n_train`
+    (default `n`, else all). test: the first `n_test` (default `n`, else 200) of the held-out
+    problems in the order `val_seed` (default `seed`) gives them; never a training question."""
+    if split not in ("train", "test"):
+        raise ValueError(f"gsm8k: split must be 'train' or 'test', got {split!r}")
+    if not isinstance(r1_zero, bool):
+        message = f"gsm8k: r1_zero must be true or false, got {r1_zero!r}"
+        raise ValueError(message)  # noqa: TRY004
+    for name, value in (("seed", seed), ("val_seed", val_seed)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"gsm8k: {name} must be an integer, got {value!r}")
+    source = gsm8k_data.find_source(path)
+    rows = gsm8k_data.split_rows(
+        source,
+        val_seed=seed if val_seed is None else val_seed,
+        n_test=n_test,
+        need_train=split == "train",
+    )
     if split == "train":
-        random.Random(seed).shuffle(problems)
-    return problems[:n] if n else problems
+        chosen = gsm8k_data.training_rows(rows, seed=seed, n_train=n_train, n=n)
+    else:
+        chosen = gsm8k_data.held_out_rows(rows, n_test=n_test, n=n)
+    return [GSM8KProblem(r.question, r.answer, r1_zero) for r in chosen]
 
 
 def make_dataset(
@@ -232,10 +165,23 @@ def make_dataset(
     path: str | Path | None = None,
     r1_zero: bool = False,
     n: int | None = None,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    val_seed: int | None = None,
 ) -> RLDataset:
     """GSM8K as an `RLDataset`: train batches of `batch_size` problems x `group_size` attempts
-    (one pass over the shuffled data); test: one attempt per problem, nothing dropped."""
-    problems = make_problems(split, n, path=path, r1_zero=r1_zero, seed=seed)
+    (one pass over the shuffled problems, then again); test: one attempt per held-out problem
+    (the RL loop samples it greedily), nothing dropped."""
+    problems = make_problems(
+        split,
+        n,
+        path=path,
+        r1_zero=r1_zero,
+        seed=seed,
+        n_train=n_train,
+        n_test=n_test,
+        val_seed=val_seed,
+    )
     if split == "train":
         return ProblemDataset(
             problems, tokenizer, batch_size=batch_size, group_size=group_size, tags=["gsm8k"]
