@@ -38,6 +38,7 @@ from tinker import types
 
 from tinker_local.engine.sampling.params import (
     BASE_ADAPTER,
+    Asked,
     GenRequest,
     SamplingError,
     ValidRequest,
@@ -57,12 +58,19 @@ class Sampler:
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
 
-    def validate(self, request: GenRequest) -> ValidRequest:
-        """Check one request; raises `SamplingError` naming the bad field."""
-        valid = validate_request(request, self.runner.limits(), self.eos_token_ids)
+    def validate(
+        self, request: Asked, params: types.SamplingParams, adapter_name: str | None
+    ) -> ValidRequest:
+        """Check one request against this model; raises `SamplingError` naming the bad field."""
+        valid = validate_request(
+            request, params, adapter_name, self.runner.limits(), self.eos_token_ids
+        )
         if valid.stop.strings and self.tokenizer is None:
             raise SamplingError("sampling_params.stop: string stops need a tokenizer")
         return valid
+
+    def validate_gen(self, request: GenRequest) -> ValidRequest:
+        return self.validate(request, request.params, request.adapter_name)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[types.SampleResponse]:
         """Sample every request in one batch. Any invalid request raises `SamplingError`
@@ -70,7 +78,7 @@ class Sampler:
         valid = []
         for i, req in enumerate(requests):
             try:
-                valid.append(self.validate(req))
+                valid.append(self.validate_gen(req))
             except SamplingError as e:
                 raise SamplingError(f"request {i}: {e}") from None
         loop = SamplerLoop(self)
@@ -96,7 +104,7 @@ class SamplerLoop:
 
     def submit(self, request: GenRequest) -> Future[types.SampleResponse]:
         """Queue a request (validated now: raises `SamplingError`); it joins at the next step."""
-        return self.submit_valid(self.sampler.validate(request))
+        return self.submit_valid(self.sampler.validate_gen(request))
 
     def submit_valid(self, request: ValidRequest) -> Future[types.SampleResponse]:
         future: Future[types.SampleResponse] = Future()
