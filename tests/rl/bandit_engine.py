@@ -167,18 +167,18 @@ class BanditEngine:
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}
         )
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
         m = self.models[model_id]
         g = m.grad
         norm = float(np.linalg.norm(g))
-        if adam.grad_clip_norm and norm > adam.grad_clip_norm:
-            g = g * (adam.grad_clip_norm / norm)
+        if params.grad_clip_norm and norm > params.grad_clip_norm:
+            g = g * (params.grad_clip_norm / norm)
         m.steps += 1
-        m.m = adam.beta1 * m.m + (1 - adam.beta1) * g
-        m.v = adam.beta2 * m.v + (1 - adam.beta2) * g * g
-        mhat = m.m / (1 - adam.beta1**m.steps)
-        vhat = m.v / (1 - adam.beta2**m.steps)
-        m.w = m.w - adam.learning_rate * mhat / (np.sqrt(vhat) + adam.eps)
+        m.m = params.beta1 * m.m + (1 - params.beta1) * g
+        m.v = params.beta2 * m.v + (1 - params.beta2) * g * g
+        mhat = m.m / (1 - params.beta1**m.steps)
+        vhat = m.v / (1 - params.beta2**m.steps)
+        m.w = m.w - params.learning_rate * mhat / (np.sqrt(vhat) + params.eps)
         m.grad = np.zeros(VOCAB)
         return types.OptimStepResponse(metrics={"grad_norm:mean": norm})
 

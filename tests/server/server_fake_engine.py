@@ -189,11 +189,11 @@ class FakeEngine:
             metrics={"loss:sum": loss},
         )
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
-        self._record("optim_step", model_id, adam.learning_rate)
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+        self._record("optim_step", model_id, params.learning_rate)
         model = self._model(model_id)
         norm = float(np.linalg.norm(model.grad))
-        model.w -= adam.learning_rate * model.grad
+        model.w -= params.learning_rate * model.grad
         model.grad[:] = 0
         model.steps += 1
         return types.OptimStepResponse(metrics={"grad_norm:mean": norm})

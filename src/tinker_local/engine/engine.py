@@ -247,8 +247,8 @@ class Engine:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
-        return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(adam))
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+        return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(params))
 
     def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
         model = self._model(model_id)

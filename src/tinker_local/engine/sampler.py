@@ -12,12 +12,17 @@ left-padded KV cache with per-row positions; rows leave the batch as soon as the
 `SamplerLoop` exposes the same machinery step by step: requests submitted while a batch is
 decoding join it at the next step (continuous batching).
 
+The engine does not build `GenRequest`s: its sampling backends (sampling/service.py) validate
+the contract's `SamplingRequest` with `Sampler.validate` (request, params, peft adapter name)
+and submit the resulting `ValidRequest` to a `SamplerLoop`. `GenRequest` is the input of a
+standalone `Sampler` (tests, benchmarks), validated by the same function.
+
 Semantics (the hosted Tinker service's):
 - `SampledSequence.logprobs[i]` is log p(token i | prompt, tokens < i) under the distribution
   the token was drawn from before truncation: softmax(logits / T) at temperature T > 0, the
   model's own softmax(logits) for greedy (T = 0). At T = 1 this equals a teacher-forced forward
   pass on the same tokens. top_k / top_p restrict which tokens can be drawn, not the reported
-  logprobs. `GenRequest.topk_sample_logprobs` = k adds the k most likely tokens of that same
+  logprobs. `topk_sample_logprobs` = k adds the k most likely tokens of that same
   distribution at every generated position (`SampledSequence.topk_logprobs`).
 - stop=None stops at the EOS ids; stop=[] never stops early; a list of token ids or of strings
   (or one string) stops at those and at EOS. The token that triggers a stop is the last token of
