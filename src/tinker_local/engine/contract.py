@@ -22,9 +22,10 @@ Rules that keep what comes next (the whole SDK surface, a distributed engine) of
 - Inputs are plain, picklable data (ids, paths, numbers, the SDK's `tinker.types`, the frozen
   dataclasses below), never callables or live objects; the one exception, a sampling
   request's done-callback, stays with the caller. Each call's effect is deterministic given
-  its inputs and the calls before it (random draws are seeded from the inputs). A distributed
-  engine, where rank 0 serves HTTP and every rank executes the same commands in the same order,
-  is then a rank-0 wrapper implementing `Engine` that broadcasts each call.
+  its inputs and the calls before it; the only randomness is an unset seed (`LoraSpec.seed`,
+  `SamplingParams.seed`), drawn by the engine. A distributed engine, where rank 0 serves HTTP
+  and every rank executes the same commands in the same order, is then a rank-0 wrapper
+  implementing `Engine` that sets those seeds and broadcasts each call.
 - New options arrive as new fields or keyword arguments with defaults: an optimizer config
   (Dimuon) at `create_model`, `types.DimuonParams` at `optim_step`, more losses (announced in
   `loss_inputs`; server-side custom losses as a field of `ForwardBackwardCall`), more sampling
