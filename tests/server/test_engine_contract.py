@@ -135,18 +135,11 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
 
 
-def _is_main_block(node: ast.stmt) -> bool:
-    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
-
-
 def _imports(module: str) -> set[str]:
-    """The tinker_local modules `module` imports anywhere in its file (lazy imports too, but not
-    in an `if __name__ == "__main__":` block, which only runs as a command), and the
-    third-party top-level packages as "ext:<name>"."""
+    """The tinker_local modules `module` imports anywhere in its file (lazy imports too), and
+    the third-party top-level packages as "ext:<name>"."""
     found: set[str] = set()
-    tree = ast.parse(MODULES[module].read_text())
-    tree.body = [node for node in tree.body if not _is_main_block(node)]
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from package import module` runs the package's top level, not its lazy hooks:
             # only the modules count then.

@@ -1,9 +1,8 @@
 """A one-off check of the vLLM sampling backend against a real vLLM install.
 
-`python -m tinker_local.engine.vllm_check` (or the documented `python -m
-tinker_local.engine.vllm_sampler`): sample prompts x tokens at temperature 1 through vLLM with a
-random LoRA and with the bare base, and print tok/s and the largest logprob error against
-tinker-local's teacher-forced forward, as JSON.
+`python -m tinker_local.engine.vllm_check`: sample prompts x tokens at temperature 1 through
+vLLM with a random LoRA and with the bare base, and print tok/s and the largest logprob error
+against tinker-local's teacher-forced forward, as JSON.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from tinker_local.engine.vllm_sampler import VllmSampling
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinker_local.engine.vllm_sampler")
+    parser = argparse.ArgumentParser(prog="python -m tinker_local.engine.vllm_check")
     parser.add_argument("--base-model", default=config.DEFAULT_BASE_MODEL)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)

@@ -24,7 +24,8 @@ requests for prompt logprobs when vLLM runs on the CPU: with LoRA enabled, vllm-
 on them (its CPU LoRA kernel for the output layer sizes the prompt's logits by the batch).
 
 Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` arguments (e.g.
-'{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`.
+'{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`. To check an
+install against a real vLLM: `python -m tinker_local.engine.vllm_check`.
 """
 
 from __future__ import annotations
@@ -487,9 +488,3 @@ def _adapter_rank(folder: Path) -> int:
     ranks = [int(config.get("r", 0))]
     ranks += [int(r) for r in (config.get("rank_pattern") or {}).values()]
     return max(ranks)
-
-
-if __name__ == "__main__":  # the documented command; the check lives in vllm_check.py
-    from tinker_local.engine.vllm_check import main
-
-    raise SystemExit(main())
