@@ -84,7 +84,7 @@ def run_shape(engine: Engine, shape: str, repeats: int) -> dict:
             start = time.perf_counter()
             if variant == "separate":
                 for call in calls:
-                    engine.forward_backward(*call)
+                    engine.forward_backward(call)
             else:
                 engine.batch_models = True
                 outs = engine.forward_backward_many(calls)

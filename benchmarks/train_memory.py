@@ -26,6 +26,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, LoraSpec
 from tinker_local.engine.logprobs import DEFAULT_TOKEN_BUDGET
 
@@ -117,7 +118,7 @@ def main() -> None:
 
     with peak_rss_while_running() as during:
         start, cpu_start = time.perf_counter(), cpu_seconds()
-        out = engine.forward_backward("bench", data, "cross_entropy", None, forward_only=False)
+        out = engine.forward_backward(ForwardBackwardCall("bench", data, "cross_entropy", None, forward_only=False))
         fb_seconds = time.perf_counter() - start
         fb_cpu_seconds = cpu_seconds() - cpu_start
     start = time.perf_counter()

@@ -38,14 +38,14 @@ def add_loopback_to_no_proxy(env: dict[str, str] | os._Environ[str] = os.environ
 def embedded_server(*, device: str | None = None, dtype: str | None = None) -> Any:
     """The process-wide embedded server, started on first use and stopped at exit."""
     global _server
-    from tinker_local.server.engine_api import EngineApi
+    from tinker_local.engine.factory import engine_factory
     from tinker_local.server.runner import LocalServer
 
     wanted = {"device": device, "dtype": dtype}
     with _lock:
         if _server is None:
             add_loopback_to_no_proxy()
-            _server = LocalServer(EngineApi.real(device=device, dtype=dtype)).start()
+            _server = LocalServer(engine_factory(device=device, dtype=dtype)).start()
             _engine_options.update(wanted)
             atexit.register(shutdown_embedded_server)
             logger.info("tinker-local embedded server at %s", _server.base_url)

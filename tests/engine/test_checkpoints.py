@@ -9,7 +9,9 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.engine.contract import ForwardBackwardCall, SamplingRequest, read_checkpoint_meta
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
+from tinker_local.engine.sampling.service import sample_all
 
 TINY = config.TINY_TEST_MODEL
 SPEC = LoraSpec(rank=4, seed=5, train_mlp=False)
@@ -29,13 +31,13 @@ def _data(seed: int) -> list[types.Datum]:
 
 
 def _logprobs(engine: Engine, model_id: str) -> list[list[float]]:
-    out = engine.forward_backward(model_id, _data(99), "cross_entropy", None, forward_only=True)
+    out = engine.forward_backward(ForwardBackwardCall(model_id, _data(99), "cross_entropy", None, forward_only=True))
     return [o["logprobs"].tolist() for o in out.loss_fn_outputs]
 
 
 def _train(engine: Engine, model_id: str, steps: int, seed: int = 0) -> None:
     for step in range(steps):
-        engine.forward_backward(model_id, _data(seed + step), "cross_entropy", None, False)
+        engine.forward_backward(ForwardBackwardCall(model_id, _data(seed + step), "cross_entropy", None, False))
         engine.optim_step(model_id, ADAM)
 
 
@@ -63,9 +65,9 @@ def test_folders_hold_peft_files_and_metadata(trained):
     assert record["base_model"] == TINY and record["step"] == 2 and record["lora_alpha"] == 32
     adapter_config = json.loads((folder / "sampler" / "adapter_config.json").read_text())
     assert adapter_config["r"] == 4 and adapter_config["base_model_name_or_path"] == TINY
-    meta = Engine.read_checkpoint_meta(folder / "state")
+    meta = read_checkpoint_meta(folder / "state")
     assert (meta.base_model, meta.lora, meta.step, meta.has_optimizer) == (TINY, SPEC, 2, True)
-    assert Engine.read_checkpoint_meta(folder / "sampler").has_optimizer is False
+    assert read_checkpoint_meta(folder / "sampler").has_optimizer is False
 
 
 def test_load_into_fresh_engine_gives_identical_logprobs(trained):
@@ -116,11 +118,10 @@ def test_sampler_from_folder_samples_like_snapshot(trained):
     engine, folder = trained
     engine.create_sampler("snap", from_model_id="m")
     assert engine.create_sampler("disk", adapter_dir=folder / "sampler") == TINY
-    from tinker_local.engine.engine import SampleRequest
-
     params = types.SamplingParams(max_tokens=6, temperature=0.0)
-    a, b = engine.sample_batch(
-        [SampleRequest("snap", [1, 5, 9], params), SampleRequest("disk", [1, 5, 9], params)]
+    a, b = sample_all(
+        engine.sampling,
+        [SamplingRequest("snap", [1, 5, 9], params), SamplingRequest("disk", [1, 5, 9], params)],
     )
     assert a.sequences[0].tokens == b.sequences[0].tokens
     assert a.sequences[0].logprobs == pytest.approx(b.sequences[0].logprobs, abs=1e-5)
@@ -164,6 +165,6 @@ def test_foreign_peft_folder_metadata(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({
         "r": 8, "base_model_name_or_path": TINY, "target_modules": ["q_proj", "v_proj"],
     }))
-    meta = Engine.read_checkpoint_meta(tmp_path)
+    meta = read_checkpoint_meta(tmp_path)
     assert meta.base_model == TINY and meta.kind == "peft"
     assert meta.lora == LoraSpec(rank=8, train_mlp=False, train_attn=True, train_unembed=False)

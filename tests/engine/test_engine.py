@@ -8,7 +8,9 @@ from tinker import types
 
 from tinker_local import config
 from tinker_local.engine import forward_backward as forward_backward_module
-from tinker_local.engine.engine import Engine, EngineError, LoraSpec, SampleRequest
+from tinker_local.engine.contract import ForwardBackwardCall, SamplingRequest
+from tinker_local.engine.engine import Engine, EngineError, LoraSpec
+from tinker_local.engine.sampling.service import sample_all
 
 TINY = config.TINY_TEST_MODEL
 GREEDY = types.SamplingParams(max_tokens=5, temperature=0.0)
@@ -49,7 +51,7 @@ def test_model_lifecycle_and_errors(engine):
     engine.unload_model("life")
     for call in (
         lambda: engine.model_info("life"),
-        lambda: engine.forward_backward("life", [_datum([1, 2])], "cross_entropy", None, False),
+        lambda: engine.forward_backward(ForwardBackwardCall("life", [_datum([1, 2])], "cross_entropy", None, False)),
         lambda: engine.optim_step("life", types.AdamParams()),
         lambda: engine.unload_model("life"),
     ):
@@ -70,7 +72,7 @@ def test_same_seed_same_init_across_engines(engine):
 def test_outputs_and_metrics_shape(engine):
     engine.create_model("shape", TINY, LoraSpec(rank=2, seed=1))
     data = [_datum([1, 2, 3, 4]), _datum([5, 6])]
-    out = engine.forward_backward("shape", data, "cross_entropy", None, forward_only=True)
+    out = engine.forward_backward(ForwardBackwardCall("shape", data, "cross_entropy", None, forward_only=True))
     assert out.loss_fn_output_type == "ArrayRecord"
     assert [o["logprobs"].shape for o in out.loss_fn_outputs] == [[4], [2]]
     assert all(":" in key for key in out.metrics)
@@ -81,7 +83,7 @@ def test_outputs_and_metrics_shape(engine):
 
 def test_failed_forward_backward_keeps_previous_gradients(engine, monkeypatch):
     engine.create_model("atomic", TINY, LoraSpec(rank=2, seed=1))
-    engine.forward_backward("atomic", [_datum([1, 2, 3])], "cross_entropy", None, False)
+    engine.forward_backward(ForwardBackwardCall("atomic", [_datum([1, 2, 3])], "cross_entropy", None, False))
     params = engine.trainable_parameters("atomic")
     before = {n: p.grad.clone() for n, p in params.items()}
     real = forward_backward_module.elementwise_loss
@@ -97,7 +99,7 @@ def test_failed_forward_backward_keeps_previous_gradients(engine, monkeypatch):
     monkeypatch.setattr(engine, "token_budget", 4)  # one datum per micro-batch
     with pytest.raises(RuntimeError, match="simulated"):
         engine.forward_backward(
-            "atomic", [_datum([4, 5, 6]), _datum([7, 8, 9])], "cross_entropy", None, False
+            ForwardBackwardCall("atomic", [_datum([4, 5, 6]), _datum([7, 8, 9])], "cross_entropy", None, False)
         )
     assert all(torch.equal(p.grad, before[n]) for n, p in params.items())
     engine.unload_model("atomic")
@@ -106,7 +108,7 @@ def test_failed_forward_backward_keeps_previous_gradients(engine, monkeypatch):
 def test_samplers_snapshot_mix_and_report_errors_per_request(engine):
     engine.create_model("policy", TINY, LoraSpec(rank=4, seed=2))
     for _ in range(2):  # move the adapter away from the base
-        engine.forward_backward("policy", [_datum([1, 2, 3, 4])], "cross_entropy", None, False)
+        engine.forward_backward(ForwardBackwardCall("policy", [_datum([1, 2, 3, 4])], "cross_entropy", None, False))
         engine.optim_step("policy", types.AdamParams(learning_rate=0.2))
     assert engine.create_sampler("base", base_model=TINY) == TINY
     assert engine.create_sampler("snap", from_model_id="policy") == TINY
@@ -114,13 +116,13 @@ def test_samplers_snapshot_mix_and_report_errors_per_request(engine):
     _user_error(lambda: engine.create_sampler("z"), "exactly one")
     prompt = [1, 2, 3, 4]
     requests = [
-        SampleRequest("snap", prompt, GREEDY),
-        SampleRequest("missing", prompt, GREEDY),
-        SampleRequest("base", prompt, GREEDY, prompt_logprobs=True),
-        SampleRequest("base", [1, 49152], GREEDY),  # out of vocabulary
-        SampleRequest("snap", prompt, GREEDY, num_samples=2, topk_sample_logprobs=3),
+        SamplingRequest("snap", prompt, GREEDY),
+        SamplingRequest("missing", prompt, GREEDY),
+        SamplingRequest("base", prompt, GREEDY, prompt_logprobs=True),
+        SamplingRequest("base", [1, 49152], GREEDY),  # out of vocabulary
+        SamplingRequest("snap", prompt, GREEDY, num_samples=2, topk_sample_logprobs=3),
     ]
-    results = engine.sample_batch(requests)
+    results = sample_all(engine.sampling, requests)
     assert isinstance(results[1], EngineError) and "missing" in str(results[1])
     assert isinstance(results[3], EngineError) and results[3].category == "user"
     snap, base, snap_twice = results[0], results[2], results[4]
@@ -136,20 +138,20 @@ def test_samplers_snapshot_mix_and_report_errors_per_request(engine):
         loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)},
     )
     policy_lp = engine.forward_backward(
-        "policy", [teacher_forced], "cross_entropy", None, True
+        ForwardBackwardCall("policy", [teacher_forced], "cross_entropy", None, True)
     ).loss_fn_outputs[0]["logprobs"].tolist()
     assert snap.sequences[0].logprobs == pytest.approx(policy_lp[len(prompt) - 1 :], abs=1e-4)
     # The base sampler sees the bare model, which the policy has moved away from.
     assert base.prompt_logprobs[0] is None and len(base.prompt_logprobs) == len(prompt)
     assert base.prompt_logprobs[1:] != pytest.approx(policy_lp[: len(prompt) - 1], abs=1e-3)
     # Training the model further does not change its snapshot.
-    engine.forward_backward("policy", [_datum([9, 9, 9])], "cross_entropy", None, False)
+    engine.forward_backward(ForwardBackwardCall("policy", [_datum([9, 9, 9])], "cross_entropy", None, False))
     engine.optim_step("policy", types.AdamParams(learning_rate=0.5))
-    again = engine.sample_batch([SampleRequest("snap", prompt, GREEDY)])[0]
+    again = sample_all(engine.sampling, [SamplingRequest("snap", prompt, GREEDY)])[0]
     assert again.sequences[0].tokens == snap.sequences[0].tokens
     assert again.sequences[0].logprobs == pytest.approx(snap.sequences[0].logprobs, abs=1e-5)
     engine.unload_sampler("snap")
-    gone = engine.sample_batch([SampleRequest("snap", prompt, GREEDY)])[0]
+    gone = sample_all(engine.sampling, [SamplingRequest("snap", prompt, GREEDY)])[0]
     assert isinstance(gone, EngineError)
     engine.unload_sampler("base")
     engine.unload_model("policy")
@@ -168,7 +170,7 @@ def test_smollm2_forward_backward_matches_full_logits(builtin_model_folder):
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 49152, (n,), generator=generator).tolist() for n in (20, 9)]
     data = [_datum(tokens) for tokens in sequences]
-    out = engine.forward_backward("real", data, "cross_entropy", None, forward_only=False)
+    out = engine.forward_backward(ForwardBackwardCall("real", data, "cross_entropy", None, forward_only=False))
     metrics = engine.optim_step("real", types.AdamParams(learning_rate=1e-4)).metrics
     assert metrics["grad_norm:mean"] > 0
     model = engine._bases[config.DEFAULT_BASE_MODEL].pool.model  # white-box reference

@@ -117,7 +117,7 @@ def test_joint_pass_equals_separate_calls(token_budget):
     alone, joint = _engine(token_budget), _engine(token_budget, batch_models=True)
     calls = [_call(model_id, seed) for seed, model_id in enumerate(MODELS)]
     for _ in range(2):  # the second pass accumulates onto the first's gradients
-        want = [alone.forward_backward(*call) for call in calls]
+        want = [alone.forward_backward(call) for call in calls]
         got = joint.forward_backward_many(calls)
         for g, w in zip(got, want):
             _assert_same_output(g, w)
@@ -157,7 +157,7 @@ def test_a_bad_call_fails_alone_and_forward_only_calls_share_a_pass():
     assert "target_tokens" in str(got[0]) and got[0].category == "user"
     assert isinstance(got[2], EngineError) and "'nobody'" in str(got[2])
     for index in (1, 3, 4, 5):
-        _assert_same_output(got[index], alone.forward_backward(*calls[index]))
+        _assert_same_output(got[index], alone.forward_backward(calls[index]))
     assert sorted(joint.joint_passes) == [2, 2]  # is + ppo; value + ce (forward only)
     for model_id in MODELS:
         _assert_same_grads(_grads(joint, model_id), _grads(alone, model_id))
@@ -181,7 +181,7 @@ def test_a_failed_joint_pass_reruns_the_calls_one_by_one(monkeypatch):
     got = joint.forward_backward_many(calls)
     assert failed and joint.joint_passes == []
     for g, call in zip(got, calls):
-        _assert_same_output(g, alone.forward_backward(*call))
+        _assert_same_output(g, alone.forward_backward(call))
     for model_id in ("ce", "is", "ppo"):
         _assert_same_grads(_grads(joint, model_id), _grads(alone, model_id))
 
@@ -191,7 +191,7 @@ def test_a_model_named_twice_runs_both_calls_in_order():
     calls = [_call("ce", 0), _call("is", 1), _call("ce", 2)]
     got = joint.forward_backward_many(calls)
     for g, call in zip(got, calls):
-        _assert_same_output(g, alone.forward_backward(*call))
+        _assert_same_output(g, alone.forward_backward(call))
     _assert_same_grads(_grads(joint, "ce"), _grads(alone, "ce"))
     assert joint.joint_passes == [2]
 

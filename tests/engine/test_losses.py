@@ -11,6 +11,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 
 TINY = config.TINY_TEST_MODEL
@@ -107,7 +108,7 @@ CASES = [
 def test_loss_and_gradient_match_reference(engine, name, k, cfg):
     data, raw = _make_data(engine, name, k, seed=len(name) + (k or 0))
     params = engine.trainable_parameters("m")
-    out = engine.forward_backward("m", data, name, cfg, forward_only=False)
+    out = engine.forward_backward(ForwardBackwardCall("m", data, name, cfg, forward_only=False))
     got_grads = {n: p.grad.clone() for n, p in params.items()}
     for p in params.values():
         p.grad = None
@@ -155,11 +156,11 @@ def test_per_token_clip_thresholds_override_config(engine):
         )
         for d, lo, hi in zip(data, low, high)
     ]
-    per_token = engine.forward_backward("m", with_inputs, "ppo", None, forward_only=True)
+    per_token = engine.forward_backward(ForwardBackwardCall("m", with_inputs, "ppo", None, forward_only=True))
     via_config = engine.forward_backward(
-        "m", data, "ppo", {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5}, True
+        ForwardBackwardCall("m", data, "ppo", {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5}, True)
     )
-    default = engine.forward_backward("m", data, "ppo", None, True)
+    default = engine.forward_backward(ForwardBackwardCall("m", data, "ppo", None, True))
     assert per_token.metrics["loss:sum"] == pytest.approx(via_config.metrics["loss:sum"], 1e-6)
     assert per_token.metrics["loss:sum"] != pytest.approx(default.metrics["loss:sum"], 1e-4)
 
@@ -218,7 +219,7 @@ def test_bad_input_is_refused_naming_datum_and_field(engine, loss_fn, data, cfg,
     before = {n: None if p.grad is None else p.grad.clone()
               for n, p in engine.trainable_parameters("m").items()}
     with pytest.raises(EngineError) as raised:
-        engine.forward_backward("m", data, loss_fn, cfg, forward_only=False)
+        engine.forward_backward(ForwardBackwardCall("m", data, loss_fn, cfg, forward_only=False))
     assert raised.value.category == "user"
     for fragment in expected:
         assert fragment in str(raised.value), (fragment, str(raised.value))
@@ -230,13 +231,13 @@ def test_unknown_input_key_is_refused(engine):
     datum = _datum([1, 2, 3], target_tokens=[2, 3, 4], weights=[1.0] * 3)
     datum.loss_fn_inputs["mask"] = types.TensorData.from_numpy(np.ones(3, np.float32))
     with pytest.raises(EngineError, match=r"datum 0: loss_fn_inputs\['mask'\] is an unknown key"):
-        engine.forward_backward("m", [datum], "cross_entropy", None, forward_only=True)
+        engine.forward_backward(ForwardBackwardCall("m", [datum], "cross_entropy", None, forward_only=True))
 
 
 def test_weights_sent_with_rl_losses_are_accepted_and_unused(engine):
     """The hosted docs' RL example sends `weights` with importance_sampling."""
     with_weights = _datum([1, 2, 3], target_tokens=[2, 3, 4], logprobs=[-1.0] * 3,
                           advantages=[1.0] * 3, weights=[0.0] * 3)
-    a = engine.forward_backward("m", [with_weights], "importance_sampling", None, True)
-    b = engine.forward_backward("m", [GOOD_RL], "importance_sampling", None, True)
+    a = engine.forward_backward(ForwardBackwardCall("m", [with_weights], "importance_sampling", None, True))
+    b = engine.forward_backward(ForwardBackwardCall("m", [GOOD_RL], "importance_sampling", None, True))
     assert a.metrics == b.metrics

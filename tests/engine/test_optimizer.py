@@ -9,6 +9,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 from tinker_local.engine.optimizer import AdapterOptimizer
 
@@ -131,9 +132,9 @@ def test_gradients_accumulate_across_forward_backward_calls():
     first = [_datum([5, 6, 7, 8], [1.0, 0.5, -0.5, 1.0])]
     second = [_datum([9, 10, 11], [1.0, 1.0, 2.0]), _datum([12, 13], [0.0, 1.0])]
     for _ in range(2):  # two steps, so the second runs with non-zero B (all grads non-zero)
-        a = engine.forward_backward("split", first, "cross_entropy", None, False)
-        b = engine.forward_backward("split", second, "cross_entropy", None, False)
-        joint = engine.forward_backward("joint", first + second, "cross_entropy", None, False)
+        a = engine.forward_backward(ForwardBackwardCall("split", first, "cross_entropy", None, False))
+        b = engine.forward_backward(ForwardBackwardCall("split", second, "cross_entropy", None, False))
+        joint = engine.forward_backward(ForwardBackwardCall("joint", first + second, "cross_entropy", None, False))
         assert a.metrics["loss:sum"] + b.metrics["loss:sum"] == pytest.approx(
             joint.metrics["loss:sum"], rel=1e-5
         )
@@ -156,7 +157,7 @@ def test_gradients_accumulate_across_forward_backward_calls():
 def test_forward_only_accumulates_nothing():
     engine = Engine(device="cpu", dtype="float32")
     engine.create_model("m", config.TINY_TEST_MODEL, LoraSpec(rank=2, seed=1))
-    engine.forward_backward("m", [_datum([1, 2, 3], [1.0, 1.0, 1.0])], "cross_entropy", None, True)
+    engine.forward_backward(ForwardBackwardCall("m", [_datum([1, 2, 3], [1.0, 1.0, 1.0])], "cross_entropy", None, True))
     assert all(p.grad is None for p in engine.trainable_parameters("m").values())
     before = {n: p.detach().clone() for n, p in engine.trainable_parameters("m").items()}
     # No gradient at all: a zero-gradient Adam step (moments zero) leaves the weights unchanged.

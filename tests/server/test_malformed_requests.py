@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import zstandard
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -62,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeServer]:
         max_sequence_len=MAX_SEQ,
     )
     engine = FakeEngine()
-    running = LocalServer(fake_engine_api(engine), settings).start()
+    running = LocalServer(fake_engine_factory(engine), settings).start()
     yield FakeServer(running, engine)
     running.stop()
 
@@ -403,7 +403,15 @@ def _field_cases(ids: Ids) -> list[Case]:
             "",
             (400,),
         ),
-        ("asample", edit(sample, "topk_sample_logprobs", 3), "not supported", "", (400,)),
+        ("asample", edit(sample, "topk_sample_logprobs", -1), "topk_sample_logprobs", "", (400,)),
+        (
+            "asample",
+            edit(sample, "topk_sample_logprobs", 10**6),
+            "topk_sample_logprobs",
+            "",
+            (400,),
+        ),
+        ("asample", edit(sample, "prompt_alt_tokens_k", 2), "not supported", "", (400,)),
         ("asample", edit(sample, "prompt_logprobs_last_n", 1), "needs prompt_logprobs", "", (400,)),
         ("asample", edit(sample, "seq_id", _DELETE), "seq_id", "", (400,)),
         # sessions, futures

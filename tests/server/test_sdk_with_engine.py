@@ -137,6 +137,34 @@ def test_sampling(
     assert len(out.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in out.sequences)
 
 
+def test_topk_sample_logprobs(trainer: tinker.TrainingClient, tokens: list[int]) -> None:
+    """The k most likely tokens at each sampled position, through the SDK: at temperature 1 they
+    are the model's own next-token distribution, so a teacher-forced prefill of the same text
+    reports the same top-k (as topk_prompt_logprobs)."""
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = tokens[:5]
+    params = types.SamplingParams(max_tokens=6, seed=4, stop=[], temperature=1.0)
+    out = sampler.sample(types.ModelInput.from_ints(prompt), 2, params,
+                         topk_sample_logprobs=3).result()
+    for seq in out.sequences:
+        rows = seq.topk_logprobs
+        assert rows is not None and len(rows) == len(seq.tokens) == 6
+        for row, token, logprob in zip(rows, seq.tokens, seq.logprobs):
+            assert len(row) == 3
+            values = [lp for _, lp in row]
+            assert values == sorted(values, reverse=True)
+            assert logprob <= values[0] + 1e-5
+            if token in [t for t, _ in row]:
+                assert dict(row)[token] == pytest.approx(logprob, abs=1e-4)
+        forced = sampler.sample(
+            types.ModelInput.from_ints(prompt + seq.tokens), 1,
+            types.SamplingParams(max_tokens=1, seed=0), topk_prompt_logprobs=3,
+        ).result().topk_prompt_logprobs
+        for row, reference in zip(rows, forced[len(prompt):]):
+            assert [t for t, _ in row] == [t for t, _ in reference]
+            assert [lp for _, lp in row] == pytest.approx([lp for _, lp in reference], abs=1e-4)
+
+
 def test_concurrent_samples_are_batched(service: tinker.ServiceClient, tokens: list[int]) -> None:
     sampler = service.create_sampling_client(base_model=TINY).result()
     worker = embedded_server().service.worker

@@ -140,8 +140,17 @@ def test_sampling_flow(fake_server: FakeServer, service: tinker.ServiceClient) -
     base = service.create_sampling_client(base_model="fake/base").result()
     assert len(base.sample(prompt, 1, params).result().sequences[0].tokens) == 6
 
-    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs is not supported"):
-        base.sample(prompt, 1, params, topk_sample_logprobs=2).result()
+    # Top-k logprobs of every sampled position come back through the wire (the fake's
+    # distribution is uniform: ties go to the lowest ids).
+    topk = base.sample(prompt, 2, params, topk_sample_logprobs=3).result()
+    for seq in topk.sequences:
+        assert len(seq.topk_logprobs) == len(seq.tokens) == 6
+        for row in seq.topk_logprobs:
+            assert [t for t, _ in row] == [0, 1, 2]
+            assert [lp for _, lp in row] == pytest.approx([UNIFORM_LOGPROB] * 3)
+    assert base.sample(prompt, 1, params).result().sequences[0].topk_logprobs is None
+    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs must be between 0"):
+        base.sample(prompt, 1, params, topk_sample_logprobs=5000).result()
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         base.sample(types.ModelInput.from_ints([VOCAB + 5]), 1, params).result()
     with pytest.raises(tinker.BadRequestError, match="unknown base model|cannot create sampler"):
@@ -364,12 +373,12 @@ def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
 
 
 def test_silent_sessions_expire() -> None:
-    from server_fake_engine import FakeEngine, fake_engine_api
+    from server_fake_engine import FakeEngine, fake_engine_factory
 
     from tinker_local.server import sessions
     from tinker_local.server.service import Service
 
-    service = Service(fake_engine_api(FakeEngine()))  # state only: nothing to unload
+    service = Service(fake_engine_factory(FakeEngine()))  # state only: nothing to unload
     quiet = service.state.new_session(None)
     beating = service.state.new_session(None)
     timeout = service.settings.session_timeout_s

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local import config
 from tinker_local.server.commands import serve_parser, serve_settings
@@ -31,7 +31,7 @@ def server(tmp_path: Path) -> Iterator[FakeServer]:
         checkpoints_root=tmp_path / "ckpt", long_poll_s=2.0, session_timeout_s=TIMEOUT_S
     )
     engine = FakeEngine()
-    running = LocalServer(fake_engine_api(engine), settings).start()
+    running = LocalServer(fake_engine_factory(engine), settings).start()
     yield FakeServer(running, engine)
     running.stop()
 

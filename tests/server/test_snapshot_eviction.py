@@ -7,7 +7,7 @@ import time
 
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_api
+from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server.runner import LocalServer
@@ -17,7 +17,7 @@ from tinker_local.server.service import ServerSettings
 def test_old_snapshots_are_unloaded_with_a_clear_error(tmp_path):
     engine = FakeEngine()
     settings = ServerSettings(checkpoints_root=tmp_path, long_poll_s=2.0, max_snapshots_per_model=2)
-    served = FakeServer(LocalServer(fake_engine_api(engine), settings).start(), engine)
+    served = FakeServer(LocalServer(fake_engine_factory(engine), settings).start(), engine)
     try:
         trainer = served.client().create_lora_training_client("fake/base", rank=2).result()
         prompt = types.ModelInput.from_ints([1, 2, 3])

@@ -3,42 +3,78 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tinker import types
 
+from tinker_local.engine.contract import SampleDone, SamplingRequest
 from tinker_local.server import paths
 from tinker_local.server.errors import ApiError
 from tinker_local.server.worker import EngineWorker, WorkerStopped
 
 
-class _RecordingEngine:
-    def __init__(self) -> None:
-        self.batches: list[list[str]] = []
-        self.thread: threading.Thread | None = None
+class _RecordingSampling:
+    """Answers everything submitted since the last step in one batch: the prompt's first
+    token + 1, or a ValueError for prompt [0]."""
 
-    def sample_batch(self, requests: list[str]) -> list[object]:
-        self.thread = threading.current_thread()
-        self.batches.append(list(requests))
-        return [ValueError(r) if r == "bad" else r.upper() for r in requests]
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.thread: threading.Thread | None = None
+        self._pending: list[tuple[SamplingRequest, SampleDone]] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
+        self._pending.append((request, done))
+
+    def run(self, between: Callable[[], bool]) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            self.thread = threading.current_thread()
+            self.batches.append([r.prompt[0] for r, _ in batch])
+            for request, done in batch:
+                first = request.prompt[0]
+                done(ValueError(first) if first == 0 else first + 1)  # type: ignore[arg-type]
+            if between():
+                return
+
+
+class _RecordingEngine:
+    batch_models = False
+    loss_inputs: dict[str, tuple[str, ...]] = {}  # noqa: RUF012 - never changed
+
+    def __init__(self) -> None:
+        self.sampling = _RecordingSampling()
+
+
+def _request(first_token: int) -> SamplingRequest:
+    return SamplingRequest("s", [first_token], types.SamplingParams(max_tokens=1))
 
 
 def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
     engine = _RecordingEngine()
-    worker = EngineWorker(lambda: engine)
+    worker = EngineWorker(lambda: engine)  # type: ignore[arg-type, return-value]
     worker.start()
     gate = threading.Event()
     order: list[str] = []
     blocker = worker.submit(lambda e: gate.wait(10))
-    samples = [worker.submit_sample(name, lambda answer: answer) for name in ("a", "b", "bad", "c")]
+    samples = [worker.submit_sample(_request(t), lambda answer: answer) for t in (1, 2, 0, 3)]
     after = worker.submit(lambda e: order.append("job"))
     gate.set()
     assert blocker.result(5) is True
-    assert [f.result(5) for f in samples[:2]] + [samples[3].result(5)] == ["A", "B", "C"]
+    assert [f.result(5) for f in samples[:2]] + [samples[3].result(5)] == [2, 3, 4]
     assert isinstance(samples[2].result(5), ValueError)  # per-request errors stay per request
     after.result(5)
-    assert engine.batches == [["a", "b", "bad", "c"]]
-    assert engine.thread is not threading.current_thread()
+    assert engine.sampling.batches == [[1, 2, 0, 3]]
+    assert engine.sampling.thread is not threading.current_thread()
     worker.stop()
     late = worker.submit(lambda e: None)
     with pytest.raises(WorkerStopped):

@@ -12,8 +12,15 @@ import pytest
 from tinker_local.server.worker import Batchable, EngineWorker
 
 
+class _NoSampling:
+    idle = True
+    in_flight = 0
+
+
 class _Engine:
     batch_models = True
+    loss_inputs: dict[str, tuple[str, ...]] = {}  # noqa: RUF012 - never changed
+    sampling = _NoSampling()
 
     def __init__(self) -> None:
         self.log: list[Any] = []

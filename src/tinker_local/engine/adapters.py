@@ -24,13 +24,13 @@ import secrets
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from tinker_local.engine.contract import LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora_rows import RowRouting, lora_row_routing
 
@@ -41,27 +41,6 @@ _ANCHOR = "pool_anchor"
 _ATTN = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP = re.compile(r"mlp|feed_forward|ffn", re.IGNORECASE)
 _TIED_WARNING = r".*tie_word_embeddings.*"
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """What a training model's LoRA covers. Same rank + seed + coverage -> identical init."""
-
-    rank: int = 32
-    seed: int | None = None
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = True
-
-    def validate(self) -> None:
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise user_error(f"lora rank must be an integer >= 1, got {self.rank!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise user_error(f"lora seed must be an integer or None, got {self.seed!r}")
-        if not (self.train_mlp or self.train_attn or self.train_unembed):
-            raise user_error(
-                "lora spec trains nothing: set at least one of train_mlp, train_attn, train_unembed"
-            )
 
 
 def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:

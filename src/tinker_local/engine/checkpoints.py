@@ -9,41 +9,35 @@
 
 Both are plain PEFT adapter folders (`peft.PeftModel.from_pretrained` loads either); the extra
 files are ignored by peft. `tinker_local.json` records the base model, the LoRA spec and the step
-count (and the value head's kind, for a value model). Files are written under temporary names and renamed into place, so a crash mid-save never
-leaves a half-written file under a final name.
+count (and the value head's kind, for a value model); it is part of the engine contract
+(`contract.CheckpointMeta`, `contract.read_checkpoint_meta`), so the server reads it without
+torch. Files are written under temporary names and renamed into place, so a crash mid-save
+never leaves a half-written file under a final name.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
-from dataclasses import dataclass
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tinker_local.engine.adapters import LORA_ALPHA, LoraSpec
+from tinker_local.engine.adapters import LORA_ALPHA
+from tinker_local.engine.contract import (
+    ADAPTER_CONFIG_FILE,
+    OPTIMIZER_FILE,
+    CheckpointMeta,
+    write_checkpoint_meta,
+)
 from tinker_local.engine.errors import user_error
 
-META_FILE = "tinker_local.json"
-OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 VALUE_HEAD_FILE = "value_head.safetensors"
-META_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    base_model: str
-    lora: LoraSpec
-    step: int = 0
-    has_optimizer: bool = False
-    kind: str = "state"  # "state" (save_state), "sampler" (save_sampler_weights), "peft" (foreign)
-    value_head: str | None = None  # the value head's kind when the folder holds one (extension)
 
 
 def save_adapter_folder(
@@ -80,42 +74,25 @@ def save_adapter_folder(
         )
     elif (directory / VALUE_HEAD_FILE).exists():
         (directory / VALUE_HEAD_FILE).unlink()
-    record = {
-        "format": META_FORMAT,
-        "kind": meta.kind,
-        "base_model": meta.base_model,
-        "lora": dataclasses.asdict(meta.lora),
-        "lora_alpha": LORA_ALPHA,
-        "step": meta.step,
-        "has_optimizer": optimizer_state is not None,
-    }
-    if value_head_weights is not None:
-        record["value_head"] = meta.value_head
-    _atomic(directory / META_FILE, lambda tmp: tmp.write_text(json.dumps(record, indent=2)))
+    meta = replace(
+        meta,
+        has_optimizer=optimizer_state is not None,
+        value_head=meta.value_head if value_head_weights is not None else None,
+    )
+    write_checkpoint_meta(directory, meta, extra={"lora_alpha": LORA_ALPHA})
 
 
-def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
-    """What a checkpoint folder holds. Foreign PEFT folders (no tinker_local.json) are described
-    from their adapter_config.json."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise user_error(f"no checkpoint folder at {directory}")
-    meta_path = directory / META_FILE
-    if meta_path.is_file():
-        try:
-            record = json.loads(meta_path.read_text())
-            lora = LoraSpec(**record["lora"])
-            return CheckpointMeta(
-                base_model=str(record["base_model"]),
-                lora=lora,
-                step=int(record.get("step", 0)),
-                has_optimizer=bool(record.get("has_optimizer")) and _has_optimizer(directory),
-                kind=str(record.get("kind", "state")),
-                value_head=None if record.get("value_head") is None else str(record["value_head"]),
-            )
-        except (ValueError, KeyError, TypeError) as error:
-            raise user_error(f"{meta_path} is not a valid checkpoint record: {error}") from None
-    return _meta_from_peft_config(directory)
+def copy_adapter_files(source: Path, folder: Path) -> None:
+    """Copy a PEFT adapter folder's config and weights (all a PEFT loader reads) into the new
+    `folder`."""
+    folder.mkdir(parents=True, exist_ok=False)
+    weights = [name for name in (ADAPTER_WEIGHTS_FILE, "adapter_model.bin") if (source / name).is_file()]
+    if not (source / ADAPTER_CONFIG_FILE).is_file() or not weights:
+        raise user_error(
+            f"{source} is not a PEFT adapter folder (needs {ADAPTER_CONFIG_FILE} and weights)"
+        )
+    for name in (ADAPTER_CONFIG_FILE, weights[0]):
+        shutil.copyfile(source / name, folder / name)
 
 
 def load_adapter_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -155,33 +132,6 @@ def load_optimizer_state(directory: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as error:
         raise user_error(f"{path} is unreadable: {error}") from None
-
-
-def _has_optimizer(directory: Path) -> bool:
-    return (directory / OPTIMIZER_FILE).is_file()
-
-
-def _meta_from_peft_config(directory: Path) -> CheckpointMeta:
-    path = directory / ADAPTER_CONFIG_FILE
-    if not path.is_file():
-        raise user_error(f"{directory} is not a checkpoint: it has neither {META_FILE} nor {path.name}")
-    try:
-        config = json.loads(path.read_text())
-        rank = int(config["r"])
-        base_model = str(config.get("base_model_name_or_path") or "")
-    except (ValueError, KeyError, TypeError) as error:
-        raise user_error(f"{path} is not a valid LoRA adapter config: {error}") from None
-    if not base_model:
-        raise user_error(f"{path} does not name its base model (base_model_name_or_path)")
-    targets = config.get("target_modules") or []
-    leaves = [str(t).rsplit(".", 1)[-1] for t in ([targets] if isinstance(targets, str) else targets)]
-    lora = LoraSpec(
-        rank=rank,
-        train_attn=any("attn" in t or t in {"q_proj", "k_proj", "v_proj", "o_proj"} for t in leaves),
-        train_mlp=any("mlp" in t or t in {"gate_proj", "up_proj", "down_proj"} for t in leaves),
-        train_unembed="lm_head" in leaves,
-    )
-    return CheckpointMeta(base_model=base_model, lora=lora, kind="peft")
 
 
 def _config_json(config: Any) -> str:

@@ -1,8 +1,13 @@
-"""`Engine`: the facade the server calls (see docs/internals.md).
+"""`Engine`: the torch engine, an implementation of the engine contract (`contract.Engine`).
 
 Synchronous and not thread-safe: the server calls it from one worker thread. Inputs and outputs
-are the SDK's own types. Bad input raises `EngineError` (category "user") naming the datum and
-field; a failed forward_backward leaves the accumulated gradients as they were before the call.
+are the contract's dataclasses and the SDK's own types. Bad input raises `EngineError`
+(category "user") naming the datum and field; a failed forward_backward leaves the accumulated
+gradients as they were before the call.
+
+Sampling goes through `self.sampling`, a backend built with the engine's `_resolve_sampler`
+(`sampling/service.py`): the built-in continuous-batching sampler by default, or vLLM
+(`vllm_sampler.VllmSampling`); `factory.engine_factory` picks one by configuration.
 
 Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
 "sampler:<sampler_id>", so training and sampler ids can never collide.
@@ -10,20 +15,29 @@ Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tinker import types
 
 from tinker_local import config
 from tinker_local.engine import checkpoints, models
-from tinker_local.engine.adapters import AdapterPool, LoraSpec
-from tinker_local.engine.checkpoints import CheckpointMeta
+from tinker_local.engine.adapters import AdapterPool
+from tinker_local.engine.contract import (
+    CheckpointMeta,
+    ForwardBackwardCall,
+    LoraSpec,
+    LossInputs,
+    ModelInfo,
+    SamplingRequest,
+    read_checkpoint_meta,
+)
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.forward_backward import TrainingCall, run_training_calls
 from tinker_local.engine.logprobs import (
@@ -31,12 +45,26 @@ from tinker_local.engine.logprobs import (
     limit_heap_fragmentation,
     split_causal_lm,
 )
-from tinker_local.engine.losses import check_call, get_loss_fn, prepare_data, resolve_config
+from tinker_local.engine.losses import (
+    LOSS_FNS,
+    check_call,
+    get_loss_fn,
+    prepare_data,
+    resolve_config,
+)
 from tinker_local.engine.optimizer import AdapterOptimizer
+from tinker_local.engine.sampler import Sampler
+from tinker_local.engine.sampling.service import (
+    ContinuousSampling,
+    EngineSampling,
+    SamplerSlot,
+    SamplingFactory,
+)
 from tinker_local.engine.value_head import METADATA_KEY, ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
+# The contract's types, importable from here too.
 __all__ = [
     "CheckpointMeta",
     "Engine",
@@ -44,38 +72,8 @@ __all__ = [
     "ForwardBackwardCall",
     "LoraSpec",
     "ModelInfo",
-    "SampleRequest",
+    "SamplingRequest",
 ]
-
-
-class ForwardBackwardCall(NamedTuple):
-    """One model's call in `Engine.forward_backward_many` (a plain tuple in this order works)."""
-
-    model_id: str
-    data: list[types.Datum]
-    loss_fn: str
-    loss_fn_config: dict[str, float] | None = None
-    forward_only: bool = False
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    base_model: str
-    lora_rank: int
-    tokenizer_path: str  # a local folder AutoTokenizer.from_pretrained can read
-    lora: LoraSpec
-    value_head: str | None = None  # the value head's kind, for a value model (extension)
-
-
-@dataclass
-class SampleRequest:
-    sampler_id: str
-    prompt: list[int]
-    sampling_params: types.SamplingParams
-    num_samples: int = 1
-    prompt_logprobs: bool = False
-    topk_prompt_logprobs: int = 0
-    topk_sample_logprobs: int = 0  # top-k logprobs at every generated position
 
 
 @dataclass
@@ -83,7 +81,7 @@ class _Base:
     loaded: Any  # models.LoadedBase
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
-    sampler: Any = None  # sampler.Sampler, built on first use
+    sampler: Sampler | None = None  # built on first use
 
 
 @dataclass
@@ -124,12 +122,14 @@ class Engine:
         checkpoint_activations: bool = True,
         loader: Callable[[str], Any] | None = None,
         batch_models: bool | None = None,
+        sampling: SamplingFactory = ContinuousSampling,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
         `loader(name) -> LoadedBase` replaces `models.load_base` (tests).
         `batch_models`: let `forward_backward_many` run several models' calls in one pass;
-        None decides by device (`batch_models_by_default`)."""
+        None decides by device (`batch_models_by_default`).
+        `sampling`: builds the sampling backend from the engine's sampler resolver."""
         try:
             resolved_device = models.resolve_device(device)
             resolved_dtype = models.resolve_dtype(dtype, resolved_device)
@@ -154,7 +154,12 @@ class Engine:
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _TrainingModel] = {}
         self._samplers: dict[str, _SamplerEntry] = {}
+        self.sampling: EngineSampling = sampling(self._resolve_sampler)
         limit_heap_fragmentation()
+
+    @property
+    def loss_inputs(self) -> LossInputs:
+        return {name: loss.required for name, loss in LOSS_FNS.items()}
 
     @staticmethod
     def available_models() -> list[str]:
@@ -163,8 +168,8 @@ class Engine:
     # ---- training models ---------------------------------------------------------------------
 
     def create_model(
-        self, model_id: str, base_model: str, lora: LoraSpec, value_head: str | None = None
-    ) -> None:
+        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+    ) -> ModelInfo:
         """A LoRA training model; with `value_head` (a kind, "mlp") also a scalar value head on
         its final hidden states, trained with the `value_mse` loss (tinker-local extension)."""
         if model_id in self._models:
@@ -178,30 +183,24 @@ class Engine:
         head = None if value_head is None else self._new_head(base, lora, value_head)
         optimizer = AdapterOptimizer(_trainable(base.pool, key, head))
         self._models[model_id] = _TrainingModel(base_model, lora, optimizer, head)
+        return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
         model = self._model(model_id)
-        folder = self._bases[model.base_model].loaded.folder
+        base = self._bases[model.base_model]
         kind = None if model.value_head is None else model.value_head.kind
-        return ModelInfo(model.base_model, model.spec.rank, str(folder), model.spec, kind)
+        return ModelInfo(model.base_model, model.spec, str(base.loaded.folder), base.vocab, kind)
 
     def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
         return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
 
-    def forward_backward(
-        self,
-        model_id: str,
-        data: list[types.Datum],
-        loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
-        forward_only: bool,
-    ) -> types.ForwardBackwardOutput:
-        base, call = self._training_call(model_id, data, loss_fn, loss_fn_config, forward_only)
-        return self._run_calls(base, [call], forward_only)[0]
+    def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
+        base, training = self._training_call(call)
+        return self._run_calls(base, [training], call.forward_only)[0]
 
     def forward_backward_many(
-        self, calls: list[ForwardBackwardCall | tuple]
+        self, calls: Sequence[ForwardBackwardCall]
     ) -> list[types.ForwardBackwardOutput | Exception]:
         """Several models' forward_backward (or forward) calls, with the results (or the
         error) of each, in order. Each call is validated alone, so a bad one fails only
@@ -214,13 +213,9 @@ class Engine:
         groups: dict[tuple[str, bool], list[tuple[int, _Base, TrainingCall]]] = {}
         later: list[tuple[int, _Base, TrainingCall, bool]] = []
         seen: set[str] = set()
-        for index, raw in enumerate(calls):
+        for index, call in enumerate(calls):
             try:
-                call = ForwardBackwardCall(*raw)
-                base, training = self._training_call(
-                    call.model_id, call.data, call.loss_fn, call.loss_fn_config,
-                    call.forward_only,
-                )
+                base, training = self._training_call(call)
             except EngineError as error:
                 results[index] = error
                 continue
@@ -252,8 +247,8 @@ class Engine:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def optim_step(self, model_id: str, adam: types.AdamParams) -> types.OptimStepResponse:
-        return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(adam))
+    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+        return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(params))
 
     def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
         model = self._model(model_id)
@@ -268,7 +263,7 @@ class Engine:
         gives the model one (so creating a model from a value model's state makes a value
         model); a value model loading a checkpoint without a head keeps its own head."""
         model = self._model(model_id)
-        meta = checkpoints.read_checkpoint_meta(Path(directory))
+        meta = read_checkpoint_meta(Path(directory))
         if meta.base_model != model.base_model:
             raise user_error(
                 f"checkpoint {directory} was trained on {meta.base_model!r}, but model "
@@ -303,10 +298,6 @@ class Engine:
         self._bases[model.base_model].pool.remove(_train_key(model_id))
         del self._models[model_id]
 
-    @staticmethod
-    def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
-        return checkpoints.read_checkpoint_meta(Path(directory))
-
     # ---- samplers ----------------------------------------------------------------------------
 
     def create_sampler(
@@ -318,110 +309,62 @@ class Engine:
         from_model_id: str | None = None,
     ) -> str:
         """A sampler on the bare base, a saved adapter folder, or a snapshot of a training
-        model's current weights (later training does not change it). Returns the base name."""
+        model's current weights (later training does not change it). Returns the base name.
+        The sampling backend is told, and may refuse it (vLLM: a rank above its limit)."""
         given = [x is not None for x in (base_model, adapter_dir, from_model_id)]
         if sum(given) != 1:
             raise user_error("give exactly one of base_model, adapter_dir, from_model_id")
         if sampler_id in self._samplers:
             raise user_error(f"sampler {sampler_id!r} already exists")
         key = _sampler_key(sampler_id)
+        write_adapter: Callable[[Path], None] | None = None
         if base_model is not None:
             self._base(base_model)
             entry = _SamplerEntry(base_model, None)
         elif adapter_dir is not None:
-            meta = checkpoints.read_checkpoint_meta(Path(adapter_dir))
-            self._base(meta.base_model).pool.load_folder(Path(adapter_dir), key)
+            folder = Path(adapter_dir)
+            meta = read_checkpoint_meta(folder)
+            self._base(meta.base_model).pool.load_folder(folder, key)
             entry = _SamplerEntry(meta.base_model, key)
+            write_adapter = functools.partial(checkpoints.copy_adapter_files, folder)
         else:
-            model = self._model(str(from_model_id))
-            self._bases[model.base_model].pool.snapshot(_train_key(str(from_model_id)), key)
+            model_id = str(from_model_id)
+            model = self._model(model_id)
+            self._bases[model.base_model].pool.snapshot(_train_key(model_id), key)
             entry = _SamplerEntry(model.base_model, key)
+            write_adapter = functools.partial(self.save_sampler_weights, model_id)
         self._samplers[sampler_id] = entry
+        try:
+            self.sampling.add_sampler(sampler_id, write_adapter)
+        except BaseException:
+            self._forget_sampler(sampler_id)
+            raise
         return entry.base_model
 
-    def sample_batch(
-        self, requests: list[SampleRequest]
-    ) -> list[types.SampleResponse | EngineError]:
-        """Sample every request; one batch per base model (adapters mix within a batch). A bad
-        request gets its own EngineError and does not affect the others."""
-        from tinker_local.engine.sampler import SamplingError
-
-        results: list[types.SampleResponse | EngineError | None] = [None] * len(requests)
-        groups: dict[str, list[tuple[int, Any]]] = {}
-        for index, request in enumerate(requests):
-            try:
-                base_model, sampler, gen = self.prepare_sample(request)
-                sampler.validate(gen)
-                groups.setdefault(base_model, []).append((index, gen))
-            except SamplingError as error:
-                results[index] = user_error(f"sample request {index}: {error}")
-            except EngineError as error:
-                results[index] = error
-        for base_model, items in groups.items():
-            sampler = self._base_sampler(self._bases[base_model])
-            try:
-                responses = sampler.generate([gen for _, gen in items])
-            except SamplingError as error:
-                failure: EngineError = user_error(str(error))
-                responses = [failure] * len(items)
-            except Exception as error:  # one base model's failure must not sink the others
-                logger.exception("sampling on %s failed", base_model)
-                failure = EngineError(f"sampling failed: {error}", "server")
-                responses = [failure] * len(items)
-            for (index, _), response in zip(items, responses):
-                results[index] = response
-        return [r if r is not None else EngineError("no result", "server") for r in results]
-
-    def prepare_sample(self, request: SampleRequest) -> tuple[str, Any, Any]:
-        """(base model name, that base's `Sampler`, the request as a `GenRequest`): what both
-        `sample_batch` and the server's continuous batching (`sampling/service.py`) decode."""
-        from tinker_local.engine.sampler import GenRequest
-
-        entry = self._sampler(request.sampler_id)
-        base = self._bases[entry.base_model]
-        adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
-        gen = GenRequest(
-            prompt=list(request.prompt),
-            params=request.sampling_params,
-            num_samples=request.num_samples,
-            adapter_name=adapter,
-            prompt_logprobs=request.prompt_logprobs,
-            topk_prompt_logprobs=request.topk_prompt_logprobs,
-            topk_sample_logprobs=request.topk_sample_logprobs,
-        )
-        return entry.base_model, self._base_sampler(base), gen
-
     def unload_sampler(self, sampler_id: str) -> None:
-        entry = self._sampler(sampler_id)
-        if entry.adapter_key is not None:
-            self._bases[entry.base_model].pool.remove(entry.adapter_key)
-        del self._samplers[sampler_id]
+        self._sampler(sampler_id)
+        self.sampling.remove_sampler(sampler_id)
+        self._forget_sampler(sampler_id)
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _training_call(
-        self,
-        model_id: str,
-        data: list[types.Datum],
-        loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
-        forward_only: bool,
-    ) -> tuple[_Base, TrainingCall]:
+    def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
         """Validate one call completely (before any compute) and resolve what runs it."""
-        model = self._model(model_id)
+        model = self._model(call.model_id)
         base = self._bases[model.base_model]
-        loss = get_loss_fn(loss_fn)
-        config = resolve_config(loss, loss_fn_config)
+        loss = get_loss_fn(call.loss_fn)
+        config = resolve_config(loss, call.loss_fn_config)
         if loss.values and model.value_head is None:
             raise user_error(
-                f"loss_fn {loss.name!r} needs a value model, and {model_id!r} has no value head; "
+                f"loss_fn {loss.name!r} needs a value model, and {call.model_id!r} has no value "
+                "head; "
                 f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
                 "extension)"
             )
-        prepared = prepare_data(data, loss, base.vocab)
-        check_call(loss, prepared, config, forward_only)
+        prepared = prepare_data(call.data, loss, base.vocab)
+        check_call(loss, prepared, config, call.forward_only)
         return base, TrainingCall(
-            adapter_key=_train_key(model_id),
+            adapter_key=_train_key(call.model_id),
             data=prepared,
             loss=loss,
             config=config,
@@ -454,13 +397,24 @@ class Engine:
             self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab)
         return self._bases[name]
 
-    def _base_sampler(self, base: _Base) -> Any:
+    def _base_sampler(self, base: _Base) -> Sampler:
         if base.sampler is None:
-            from tinker_local.engine.sampler import Sampler
-
             loaded = base.loaded
             base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids)
         return base.sampler
+
+    def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
+        """Where `sampler_id` samples (what the sampling backend asks; see sampling/service.py)."""
+        entry = self._sampler(sampler_id)
+        base = self._bases[entry.base_model]
+        adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
+        return SamplerSlot(entry.base_model, Path(base.loaded.folder), self._base_sampler(base),
+                           adapter)
+
+    def _forget_sampler(self, sampler_id: str) -> None:
+        entry = self._samplers.pop(sampler_id)
+        if entry.adapter_key is not None:
+            self._bases[entry.base_model].pool.remove(entry.adapter_key)
 
     def _model(self, model_id: str) -> _TrainingModel:
         try:

@@ -1,4 +1,5 @@
-"""The one exception type the engine raises on purpose."""
+"""The one exception type the engine raises on purpose (part of the engine contract, which
+re-exports it: `tinker_local.engine.contract.EngineError`)."""
 
 from __future__ import annotations
 

@@ -12,12 +12,17 @@ left-padded KV cache with per-row positions; rows leave the batch as soon as the
 `SamplerLoop` exposes the same machinery step by step: requests submitted while a batch is
 decoding join it at the next step (continuous batching).
 
+The engine does not build `GenRequest`s: its sampling backends (sampling/service.py) validate
+the contract's `SamplingRequest` with `Sampler.validate` (request, params, peft adapter name)
+and submit the resulting `ValidRequest` to a `SamplerLoop`. `GenRequest` is the input of a
+standalone `Sampler` (tests, benchmarks), validated by the same function.
+
 Semantics (the hosted Tinker service's):
 - `SampledSequence.logprobs[i]` is log p(token i | prompt, tokens < i) under the distribution
   the token was drawn from before truncation: softmax(logits / T) at temperature T > 0, the
   model's own softmax(logits) for greedy (T = 0). At T = 1 this equals a teacher-forced forward
   pass on the same tokens. top_k / top_p restrict which tokens can be drawn, not the reported
-  logprobs. `GenRequest.topk_sample_logprobs` = k adds the k most likely tokens of that same
+  logprobs. `topk_sample_logprobs` = k adds the k most likely tokens of that same
   distribution at every generated position (`SampledSequence.topk_logprobs`).
 - stop=None stops at the EOS ids; stop=[] never stops early; a list of token ids or of strings
   (or one string) stops at those and at EOS. The token that triggers a stop is the last token of
@@ -38,6 +43,7 @@ from tinker import types
 
 from tinker_local.engine.sampling.params import (
     BASE_ADAPTER,
+    Asked,
     GenRequest,
     SamplingError,
     ValidRequest,
@@ -57,12 +63,19 @@ class Sampler:
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
 
-    def validate(self, request: GenRequest) -> ValidRequest:
-        """Check one request; raises `SamplingError` naming the bad field."""
-        valid = validate_request(request, self.runner.limits(), self.eos_token_ids)
+    def validate(
+        self, request: Asked, params: types.SamplingParams, adapter_name: str | None
+    ) -> ValidRequest:
+        """Check one request against this model; raises `SamplingError` naming the bad field."""
+        valid = validate_request(
+            request, params, adapter_name, self.runner.limits(), self.eos_token_ids
+        )
         if valid.stop.strings and self.tokenizer is None:
             raise SamplingError("sampling_params.stop: string stops need a tokenizer")
         return valid
+
+    def validate_gen(self, request: GenRequest) -> ValidRequest:
+        return self.validate(request, request.params, request.adapter_name)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[types.SampleResponse]:
         """Sample every request in one batch. Any invalid request raises `SamplingError`
@@ -70,7 +83,7 @@ class Sampler:
         valid = []
         for i, req in enumerate(requests):
             try:
-                valid.append(self.validate(req))
+                valid.append(self.validate_gen(req))
             except SamplingError as e:
                 raise SamplingError(f"request {i}: {e}") from None
         loop = SamplerLoop(self)
@@ -96,7 +109,7 @@ class SamplerLoop:
 
     def submit(self, request: GenRequest) -> Future[types.SampleResponse]:
         """Queue a request (validated now: raises `SamplingError`); it joins at the next step."""
-        return self.submit_valid(self.sampler.validate(request))
+        return self.submit_valid(self.sampler.validate_gen(request))
 
     def submit_valid(self, request: ValidRequest) -> Future[types.SampleResponse]:
         future: Future[types.SampleResponse] = Future()

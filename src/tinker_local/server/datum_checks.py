@@ -2,33 +2,45 @@
 
 A request refused here answers a 4xx at once (see `Service.submit_ordered`) instead of failing
 later through its future. The engine still validates everything itself; these checks only
-move the common mistakes forward: an unknown loss_fn, a missing, mis-sized or non-finite
-loss_fn_input, a token id outside the vocabulary. Each message names the datum and the field.
+move the common mistakes forward: an unknown loss_fn (the engine lists its losses and their
+inputs in `engine.loss_inputs`), a datum longer than the server's limit, a missing, mis-sized
+or non-finite loss_fn_input, a token id outside the vocabulary. Each message names the datum
+and the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 from tinker import types
 
+from tinker_local.engine.contract import LossInputs
 from tinker_local.server.errors import UserError
 
 
-def check_loss_fn(loss_fn: str, loss_inputs: Mapping[str, tuple[str, ...]] | None) -> None:
+def check_loss_fn(loss_fn: str, loss_inputs: LossInputs | None) -> None:
     """`loss_inputs` maps each loss the engine implements to its required inputs (besides
-    target_tokens); None means the engine did not say, so the engine decides."""
+    target_tokens); None (no engine yet) leaves the decision to the engine."""
     if not loss_fn:
         raise UserError("forward_backward request has no loss_fn")
     if loss_inputs is not None and loss_fn not in loss_inputs:
         raise UserError(f"loss_fn {loss_fn!r} is not supported; valid: {sorted(loss_inputs)}")
 
 
+def check_lengths(data: list[types.Datum], limit: int) -> None:
+    """Each datum within the server's `max_sequence_len`."""
+    for i, datum in enumerate(data):
+        length = datum.model_input.length
+        if length > limit:
+            raise UserError(
+                f"datum {i}: model_input has {length} tokens, more than this server's "
+                f"max_sequence_len {limit} (tinker-local serve --max-sequence-len)"
+            )
+
+
 def check_datums(
     data: list[types.Datum],
     loss_fn: str,
-    loss_inputs: Mapping[str, tuple[str, ...]] | None,
+    loss_inputs: LossInputs | None,
     vocab_size: int | None,
 ) -> None:
     if not data:

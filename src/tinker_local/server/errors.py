@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from tinker_local.engine.contract import EngineError
+
 logger = logging.getLogger("tinker_local.server")
 
 
@@ -30,9 +32,13 @@ class UserError(Exception):
 
 
 def error_category(exc: BaseException) -> str:
-    """ "user" for bad input (ours or the engine's EngineError), "server" for everything else."""
-    category = getattr(exc, "category", None)
-    return "user" if category == "user" else "server"
+    """ "user" for bad input (ours, or an `EngineError` of category "user"), "server" for
+    everything else."""
+    if isinstance(exc, UserError):
+        return "user"
+    if isinstance(exc, EngineError):
+        return exc.category
+    return "server"
 
 
 def error_message(exc: BaseException) -> str:

@@ -1,22 +1,22 @@
-"""Configurable limits (`ServerSettings`): base models, adapters, sequence length.
+"""Configurable limits (`ServerSettings`): base models, adapters, sampled sequence length.
 
-Each is a permanent 400 naming the limit and the `serve` flag that raises it. (The queue
+Each is a permanent 400 naming the limit and the `serve` flag that raises it. (A training
+datum's length is checked with the other datum checks, `datum_checks.check_lengths`; the queue
 limit, a retryable 429, is `Service.check_queue`.)
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from tinker import types
 
-from tinker_local.server.errors import ApiError, UserError
+from tinker_local.server.errors import ApiError
 from tinker_local.server.service import Service
 
 # Fixed bounds on single requests, against requests that would exhaust memory.
 MAX_LORA_RANK = 1024
 MAX_NUM_SAMPLES = 1024
 MAX_TOPK_PROMPT_LOGPROBS = 1024
+MAX_TOPK_SAMPLE_LOGPROBS = 1024
 
 
 def _live_base_models(svc: Service) -> set[str]:
@@ -51,20 +51,9 @@ def check_new_adapter(svc: Service, base_model: str) -> None:
         )
 
 
-def check_datum_lengths(svc: Service, data: list[types.Datum]) -> None:
+def check_sample_length(svc: Service, prompt_len: int, params: types.SamplingParams) -> None:
     limit = svc.settings.max_sequence_len
-    for i, datum in enumerate(data):
-        length = datum.model_input.length
-        if length > limit:
-            raise UserError(
-                f"datum {i}: model_input has {length} tokens, more than this server's "
-                f"max_sequence_len {limit} (tinker-local serve --max-sequence-len)"
-            )
-
-
-def check_sample_length(svc: Service, prompt_len: int, params: Any) -> None:
-    limit = svc.settings.max_sequence_len
-    max_tokens = getattr(params, "max_tokens", None) or 0
+    max_tokens = params.max_tokens or 0
     if prompt_len + max_tokens > limit:
         raise ApiError(
             400,

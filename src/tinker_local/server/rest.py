@@ -2,7 +2,8 @@
 
 Checkpoints are read from the checkpoints folder itself, so runs from earlier server
 processes are listed too. A run's base model comes from the live model when there is one,
-otherwise from the metadata of one of its training checkpoints.
+otherwise from the metadata of one of its training checkpoints (`contract.read_checkpoint_meta`,
+which reads JSON only, so it runs off the engine thread).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tinker_local.engine.contract import read_checkpoint_meta
 from tinker_local.server import paths
 from tinker_local.server.access import current_owner, run_owner_on_disk
 from tinker_local.server.errors import ApiError
@@ -96,22 +98,22 @@ def _run_ids(root: Path, live: dict[str, _LiveRun], owner: str) -> list[str]:
     return sorted(on_disk | set(live))
 
 
-def _base_model_on_disk(svc: Service, root: Path, run_id: str) -> tuple[str, int | None]:
+def _base_model_on_disk(root: Path, run_id: str) -> tuple[str, int | None]:
     weights = root / run_id / "weights"
     if weights.is_dir():
         for folder in sorted(weights.iterdir()):
             if folder.is_dir() and not folder.name.startswith("."):
                 try:
-                    meta = svc.api.read_checkpoint_meta(folder)
+                    meta = read_checkpoint_meta(folder)
                 except Exception as exc:  # noqa: BLE001 - try the next one
                     logger.debug("no checkpoint metadata in %s: %s", folder, exc)
                     continue
-                return str(meta.base_model), getattr(meta.lora, "rank", None)
+                return meta.base_model, meta.lora.rank
     return "unknown", None
 
 
 def _training_run(
-    svc: Service, root: Path, run_id: str, live: dict[str, _LiveRun], owner: str
+    root: Path, run_id: str, live: dict[str, _LiveRun], owner: str
 ) -> dict[str, Any]:
     paths.check_run_id(run_id)
     model = live.get(run_id)
@@ -122,7 +124,7 @@ def _training_run(
     if model is not None:
         base_model, rank, last_time = model.base_model, model.lora_rank, model.created_at
     else:
-        base_model, rank = _base_model_on_disk(svc, root, run_id)
+        base_model, rank = _base_model_on_disk(root, run_id)
         last_time = 0.0
     if checkpoints:
         last_time = max(
@@ -152,7 +154,7 @@ def _cursor(offset: int, limit: int, total: int) -> dict[str, int]:
 
 async def get_training_run(svc: Service, run_id: str) -> dict[str, Any]:
     root, live = svc.settings.checkpoints_dir(), _live_runs(svc)
-    return await asyncio.to_thread(_training_run, svc, root, run_id, live, current_owner())
+    return await asyncio.to_thread(_training_run, root, run_id, live, current_owner())
 
 
 async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str, Any]:
@@ -160,7 +162,7 @@ async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str,
 
     def work() -> dict[str, Any]:
         ids = _run_ids(root, live, owner)
-        page = [_training_run(svc, root, r, live, owner) for r in ids[offset : offset + limit]]
+        page = [_training_run(root, r, live, owner) for r in ids[offset : offset + limit]]
         return {"training_runs": page, "cursor": _cursor(offset, limit, len(ids))}
 
     return await asyncio.to_thread(work)
@@ -211,15 +213,15 @@ async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> No
 async def weights_info(svc: Service, tinker_path: str) -> dict[str, Any]:
     _path, folder = paths.existing_checkpoint(tinker_path, svc.settings.checkpoints_dir())
     try:
-        meta = await asyncio.to_thread(svc.api.read_checkpoint_meta, folder)
+        meta = await asyncio.to_thread(read_checkpoint_meta, folder)
     except Exception as exc:
         raise ApiError(400, f"cannot read checkpoint metadata of {tinker_path}: {exc}") from exc
     lora = meta.lora
     return {
-        "base_model": str(meta.base_model),
+        "base_model": meta.base_model,
         "is_lora": True,
-        "lora_rank": getattr(lora, "rank", None),
-        "train_unembed": getattr(lora, "train_unembed", None),
-        "train_mlp": getattr(lora, "train_mlp", None),
-        "train_attn": getattr(lora, "train_attn", None),
+        "lora_rank": lora.rank,
+        "train_unembed": lora.train_unembed,
+        "train_mlp": lora.train_mlp,
+        "train_attn": lora.train_attn,
     }

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
 
+from tinker_local.engine.contract import Engine
 from tinker_local.server import limits, paths
 from tinker_local.server.access import current_owner
 from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.service import Service
 from tinker_local.server.state import Sampler
+from tinker_local.server.store import StoredSampler
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -42,7 +44,7 @@ async def ensure_sampler(svc: Service, sampler_id: str | None) -> None:
     await asyncio.shield(task)
 
 
-async def _restore(svc: Service, stored: Any) -> None:
+async def _restore(svc: Service, stored: StoredSampler) -> None:
     gone = _RESTARTED.format(id=stored.sampler_id)
     if stored.kind not in ("base", "checkpoint"):
         # A snapshot (or a row from before kinds were stored, which may have been one).
@@ -70,7 +72,7 @@ async def _restore(svc: Service, stored: Any) -> None:
     logger.info("sampler %s loaded again after a restart", stored.sampler_id)
 
 
-def _creation_job(svc: Service, stored: Any, gone: str) -> Any:
+def _creation_job(svc: Service, stored: StoredSampler, gone: str) -> Callable[[Engine], str]:
     """The engine job that loads the sampler again (checks what it needs first)."""
     if stored.kind == "base":
         limits.check_base_model(svc, stored.base_model)

@@ -14,8 +14,8 @@ import time
 
 import uvicorn
 
+from tinker_local.engine.contract import EngineFactory
 from tinker_local.server.app import create_app
-from tinker_local.server.engine_api import EngineApi
 from tinker_local.server.service import ServerSettings, Service
 
 logger = logging.getLogger("tinker_local.server")
@@ -47,12 +47,12 @@ class LocalServer:
 
     def __init__(
         self,
-        api: EngineApi,
+        make_engine: EngineFactory,
         settings: ServerSettings | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self.service = Service(api, settings)
+        self.service = Service(make_engine, settings)
         self.host = host
         self._sock = bind_socket(host, port)
         self.port = int(self._sock.getsockname()[1])

@@ -1,4 +1,9 @@
-"""Sampling calls: create_sampling_session, GET samplers/{id}, asample."""
+"""Sampling calls: create_sampling_session, GET samplers/{id}, asample.
+
+`asample` turns the SDK's `types.SampleRequest` into the engine contract's `SamplingRequest`
+(token ids, the engine sampler's id) and hands it to the worker, which submits it to the
+engine's sampling backend; the engine validates it and answers through `finish`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 
 from tinker import types
 
+from tinker_local.engine.contract import Engine, SampleOutcome, SamplingRequest
 from tinker_local.server import limits, paths, wire
 from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
@@ -16,7 +22,6 @@ from tinker_local.server.state import Sampler, remember, sampler_id
 
 # Sampling options of the hosted API that the local engine does not implement.
 _UNSUPPORTED = (
-    ("topk_sample_logprobs", lambda r: r.topk_sample_logprobs > 0),
     ("target_prompt_logprobs", lambda r: r.target_prompt_logprobs is not None),
     ("prompt_alt_tokens_k", lambda r: r.prompt_alt_tokens_k > 0),
     ("record_stability_info", lambda r: bool(r.record_stability_info)),
@@ -56,7 +61,7 @@ async def _create_sampler(
     else:
         limits.check_base_model(svc, req.base_model)
 
-    def job(engine: Any) -> Any:
+    def job(engine: Engine) -> str:
         if adapter_dir is not None:
             return engine.create_sampler(new_id, adapter_dir=adapter_dir)
         return engine.create_sampler(new_id, base_model=req.base_model)
@@ -66,11 +71,11 @@ async def _create_sampler(
     except Exception as exc:  # reported at once: a 5xx would be retried for minutes
         raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
     session = svc.state.session(session_id, live=False)
-    sampler = Sampler(new_id, session_id, str(base_model), req.model_path, owner=session.owner)
+    sampler = Sampler(new_id, session_id, base_model, req.model_path, owner=session.owner)
     svc.state.samplers[new_id] = sampler
     session.sampler_ids.append(new_id)
     if svc.store is not None:
-        svc.store.add_sampler(new_id, session_id, session.owner, str(base_model), req.model_path)
+        svc.store.add_sampler(new_id, session_id, session.owner, base_model, req.model_path)
     return sampler
 
 
@@ -107,12 +112,12 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
         )
     if not prompt:
         raise ApiError(400, "the prompt is empty")
-    if not 0 <= req.topk_prompt_logprobs <= limits.MAX_TOPK_PROMPT_LOGPROBS:
-        raise ApiError(
-            400,
-            f"topk_prompt_logprobs must be between 0 and {limits.MAX_TOPK_PROMPT_LOGPROBS}, "
-            f"got {req.topk_prompt_logprobs}",
-        )
+    for name, k, limit in (
+        ("topk_prompt_logprobs", req.topk_prompt_logprobs, limits.MAX_TOPK_PROMPT_LOGPROBS),
+        ("topk_sample_logprobs", req.topk_sample_logprobs, limits.MAX_TOPK_SAMPLE_LOGPROBS),
+    ):
+        if not 0 <= k <= limit:
+            raise ApiError(400, f"{name} must be between 0 and {limit}, got {k}")
     last_n = req.prompt_logprobs_last_n
     if last_n is not None:
         if not req.prompt_logprobs:
@@ -136,18 +141,19 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
     _check_sample_request(req, prompt)
     limits.check_sample_length(svc, len(prompt), req.sampling_params)
     svc.check_queue("asample")
-    engine_request = svc.api.sample_request(
+    engine_request = SamplingRequest(
         sampler_id=sampler.sampler_id,
         prompt=prompt,
         sampling_params=req.sampling_params,
         num_samples=req.num_samples,
         prompt_logprobs=bool(req.prompt_logprobs),
         topk_prompt_logprobs=req.topk_prompt_logprobs,
+        topk_sample_logprobs=req.topk_sample_logprobs,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
 
-    def finish(answer: Any) -> WireResult:
-        if isinstance(answer, BaseException):
+    def finish(answer: SampleOutcome) -> WireResult:
+        if isinstance(answer, Exception):
             return failure_result(answer)
         if len(answer.sequences) != num_samples:
             raise RuntimeError(

@@ -1,8 +1,10 @@
 """The server's core: state, futures and the engine worker, plus the plumbing every call uses.
 
-Routes (`app.py`) parse HTTP; the call handlers (`training.py`, `sampling.py`, `sessions.py`)
-decide what to run; this module runs it: in seq_id order for a training model, on the engine
-worker thread, and turns the outcome into a future result.
+Routes (`app.py`) parse HTTP; the call handlers (`training.py`, `sampling.py`, `sessions.py`,
+`weights.py`) decide what to run; this module runs it: in seq_id order for a training model, on
+the engine worker thread, and turns the outcome into a future result. The engine is whatever the
+`EngineFactory` given to `Service` builds: the server knows it only through the engine contract
+(`tinker_local.engine.contract`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from tinker_local import config
-from tinker_local.server.engine_api import EngineApi
+from tinker_local.engine.contract import Engine, EngineFactory, LossInputs
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     FutureRecord,
@@ -26,11 +28,13 @@ from tinker_local.server.futures import (
     user_failure,
 )
 from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
-from tinker_local.server.state import ServerState, TrainingModel, remember
-from tinker_local.server.store import Store, restore
-from tinker_local.server.worker import EngineWorker
+from tinker_local.server.state import ServerState, TrainingModel, remember, restore
+from tinker_local.server.store import Store
+from tinker_local.server.worker import EngineWorker, Job
 
 logger = logging.getLogger("tinker_local.server")
+
+T = TypeVar("T")
 
 # How soon a client refused for a full queue (429) should try again.
 RETRY_AFTER_MS = 250
@@ -94,15 +98,14 @@ class ServerSettings:
 
 
 class Service:
-    def __init__(self, api: EngineApi, settings: ServerSettings | None = None) -> None:
-        self.api = api
+    def __init__(self, make_engine: EngineFactory, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
         self.state = ServerState()
         self.store = Store(self.settings.database) if self.settings.database else None
         self.futures = FutureStore(self.store)
         if self.store is not None:
             restore(self.state, self.store)
-        self.worker = EngineWorker(api.make_engine)
+        self.worker = EngineWorker(make_engine)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def start_worker(self, timeout_s: float | None = None) -> None:
@@ -110,6 +113,11 @@ class Service:
 
     def stop(self) -> None:
         self.worker.stop()
+
+    @property
+    def loss_inputs(self) -> LossInputs | None:
+        """The engine's losses and their required inputs (None until the engine is built)."""
+        return self.worker.loss_inputs
 
     def check_queue(self, what: str) -> None:
         """429 while the engine queue is full (the SDK backs off and sends it again)."""
@@ -132,7 +140,7 @@ class Service:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def call_engine(self, fn: Callable[[Any], Any]) -> Any:
+    async def call_engine(self, fn: Callable[[Engine], T]) -> T:
         """Run `fn(engine)` on the worker and wait for it (for calls that answer directly)."""
         return await asyncio.wrap_future(self.worker.submit(fn))
 
@@ -164,18 +172,18 @@ class Service:
         model: TrainingModel,
         seq_id: int | None,
         kind: str,
-        prepare: Callable[[], Callable[[Any], Any]],
+        prepare: Callable[[], Job[Any]],
         *,
         is_forward_backward: bool = False,
         on_loop: Callable[[Any], WireResult] | None = None,
     ) -> FutureRecord:
         """Accept a request in model's seq_id order and return its future.
 
-        `prepare()` validates the request and returns the job to run on the worker (one with a
-        `batchable` attribute, a `worker.Batchable`, may run together with other models' jobs).
-        If it raises, the request is refused with a 4xx naming the problem, and it still takes its
-        seq_id slot: the SDK has already numbered the requests after it, which must not wait
-        for a request that will never run.
+        `prepare()` validates the request and returns the `Job` to run on the worker (one with a
+        `batchable` may run together with other models' jobs). If it raises, the request is
+        refused with a 4xx naming the problem, and it still takes its seq_id slot: the SDK has
+        already numbered the requests after it, which must not wait for a request that will
+        never run.
         """
         if seq_id is None or seq_id < 1:
             raise ApiError(400, f"{kind} request for model {model.model_id} needs seq_id >= 1")
@@ -192,19 +200,16 @@ class Service:
                 f"to seq_id {model.sequencer.next_seq_id - 1} were already accepted",
             )
         try:
-            job_fn = prepare()
+            job = prepare()
         except (ApiError, UserError) as exc:
             self._refuse(model, seq_id, kind, exc, is_forward_backward)
         self.check_queue(kind)  # a 429 takes no slot: the SDK sends the same request again
         record = self.futures.create(kind)
         remember(model.requests_by_seq, seq_id, record.request_id)
 
-        # A job that may run together with other models' jobs says how (training.py).
-        batchable = getattr(job_fn, "batchable", None)
-
         def release() -> None:
-            job = self.worker.submit(job_fn, model=model.model_id, batchable=batchable)
-            self.resolve_from_job(record, job, on_loop)
+            queued = self.worker.submit(job.run, model=model.model_id, batchable=job.batchable)
+            self.resolve_from_job(record, queued, on_loop)
 
         try:
             model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=release)

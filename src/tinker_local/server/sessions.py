@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tinker import types
 
+from tinker_local.engine.contract import Engine
 from tinker_local.server.futures import user_failure
 from tinker_local.server.service import Service
 from tinker_local.server.state import Session, remember
@@ -69,7 +71,7 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
         if svc.state.samplers.pop(sid, None) is not None:
             remember(svc.state.evicted_samplers, sid, why)
 
-    def unload(engine: Any) -> None:
+    def unload(engine: Engine) -> None:
         # Queued behind the session's own work, so nothing is unloaded mid-request.
         for model_id in model_ids:
             _quietly(engine.unload_model, model_id)
@@ -87,7 +89,7 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
     )
 
 
-def _quietly(fn: Any, name: str) -> None:
+def _quietly(fn: Callable[[str], None], name: str) -> None:
     try:
         fn(name)
     except Exception as exc:  # noqa: BLE001 - already gone is fine

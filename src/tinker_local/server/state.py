@@ -1,4 +1,5 @@
-"""Sessions, training models and samplers the server knows about, and their ids.
+"""Sessions, training models and samplers the server knows about, and their ids; `restore`
+brings back those of an earlier process from the SQLite store.
 
 Everything here is read and written on the server's event loop only. Engine-side status that a
 worker job must see (`TrainingModel.creation_error`) is written by worker jobs only, which run
@@ -8,6 +9,7 @@ one at a time in queue order, so later jobs for the same model always see it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +19,9 @@ from tinker_local.server.access import check_owner, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord
 from tinker_local.server.sequencer import SeqSequencer
+from tinker_local.server.store import Store, StoredSampler
+
+logger = logging.getLogger("tinker_local.server")
 
 
 def new_session_id() -> str:
@@ -108,9 +113,9 @@ class ServerState:
         self.lost_models: dict[str, str] = {}
         # model_id -> (owner, why) of training models unloaded with their finished session.
         self.unloaded_models: dict[str, tuple[str, str]] = {}
-        # Samplers of an earlier server process (store.StoredSampler by id), loaded again on
-        # first use, and those loads in flight (see restore_samplers.py).
-        self.restorable_samplers: dict[str, Any] = {}
+        # Samplers of an earlier server process by id, loaded again on first use, and those
+        # loads in flight (see restore_samplers.py).
+        self.restorable_samplers: dict[str, StoredSampler] = {}
         self.sampler_restores: dict[str, asyncio.Task[None]] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
@@ -157,3 +162,25 @@ class ServerState:
             raise ApiError(404, f"unknown sampling_session_id {sampler_id_!r}")
         check_owner(sampler.owner, f"sampling_session_id {sampler_id_!r}")
         return sampler
+
+
+def restore(state: ServerState, store: Store) -> None:
+    """Bring a previous process's sessions back into `state` and mark its models as gone."""
+    interrupted = store.interrupt_pending()
+    store.prune()
+    for stored in store.open_sessions():
+        state.sessions[stored.session_id] = Session(
+            stored.session_id,
+            stored.user_metadata,
+            owner=stored.owner,
+            created_at=stored.created_at,
+        )
+    state.lost_models = store.model_owners()
+    # Loaded back into the engine on first use (restore_samplers.py), not all at start.
+    state.restorable_samplers = {s.sampler_id: s for s in store.open_samplers()}
+    logger.debug(
+        "restored %d sessions from %s; %d requests that were in flight are marked interrupted",
+        len(state.sessions),
+        store.path,
+        interrupted,
+    )

@@ -225,30 +225,6 @@ class Store:
         return {r[0]: StoredRun(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6]) for r in rows}
 
 
-def restore(state: Any, store: Store) -> None:
-    """Bring a previous process's sessions back into `state` and mark its models as gone."""
-    from tinker_local.server.state import Session
-
-    interrupted = store.interrupt_pending()
-    store.prune()
-    for stored in store.open_sessions():
-        state.sessions[stored.session_id] = Session(
-            stored.session_id,
-            stored.user_metadata,
-            owner=stored.owner,
-            created_at=stored.created_at,
-        )
-    state.lost_models = store.model_owners()
-    # Loaded back into the engine on first use (restore_samplers.py), not all at start.
-    state.restorable_samplers = {s.sampler_id: s for s in store.open_samplers()}
-    logger.debug(
-        "restored %d sessions from %s; %d requests that were in flight are marked interrupted",
-        len(state.sessions),
-        store.path,
-        interrupted,
-    )
-
-
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 

@@ -1,20 +1,22 @@
 """Training calls: create_model, get_info, forward_backward, optim_step.
 
 Each handler validates what it can at once (unknown ids -> 4xx), then hands a job to the
-service, which runs it on the engine worker in the model's seq_id order.
+service, which runs it on the engine worker in the model's seq_id order. A forward_backward
+becomes one `contract.ForwardBackwardCall`; calls of different models may run in one
+`engine.forward_backward_many` (see worker.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from tinker_local.engine.contract import Engine, ForwardBackwardCall, LoraSpec, ModelInfo
 from tinker_local.server import datum_checks, limits, wire
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
@@ -27,7 +29,7 @@ from tinker_local.server.futures import (
 from tinker_local.server.sequencer import SeqSequencer
 from tinker_local.server.service import Service
 from tinker_local.server.state import TrainingModel, training_model_id
-from tinker_local.server.worker import Batchable
+from tinker_local.server.worker import Batchable, Job
 
 # The create_model user_metadata key that asks for a value model (see engine/value_head.py).
 VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
@@ -39,16 +41,16 @@ GET_INFO_WAIT_S = 50.0
 # -- creating models -----------------------------------------------------------------------------
 
 
-def _lora_spec(svc: Service, lora: types.LoraConfig | None) -> Any:
+def _lora_spec(lora: types.LoraConfig | None) -> LoraSpec:
     if lora is None:
-        return svc.api.lora_spec()
+        return LoraSpec()
     if not 1 <= lora.rank <= limits.MAX_LORA_RANK:
         raise ApiError(
             400, f"lora_config.rank must be between 1 and {limits.MAX_LORA_RANK}, got {lora.rank}"
         )
     if not (lora.train_mlp or lora.train_attn or lora.train_unembed):
         raise ApiError(400, "lora_config must train at least one of mlp, attn, unembed")
-    return svc.api.lora_spec(
+    return LoraSpec(
         rank=lora.rank,
         seed=lora.seed,
         train_mlp=lora.train_mlp,
@@ -57,43 +59,28 @@ def _lora_spec(svc: Service, lora: types.LoraConfig | None) -> Any:
     )
 
 
-def check_optimizer(optimizer_config: Any) -> None:
-    kind = getattr(optimizer_config, "type", "adamw")
-    if kind != "adamw":
-        raise ApiError(400, f"optimizer {kind!r} is not supported by tinker-local (only adamw)")
+def check_optimizer(optimizer_config: types.OptimizerConfig | None) -> None:
+    if optimizer_config is not None and optimizer_config.type != "adamw":
+        raise ApiError(
+            400,
+            f"optimizer {optimizer_config.type!r} is not supported by tinker-local (only adamw)",
+        )
 
 
-def _info_body(model: TrainingModel, info: Any) -> dict[str, Any]:
+def _info_body(model: TrainingModel, info: ModelInfo) -> dict[str, Any]:
     """GetInfoResponse. tokenizer_id is a local folder, so get_tokenizer() works offline."""
-    base_model = getattr(info, "base_model", model.base_model)
-    tokenizer = getattr(info, "tokenizer_path", None)
     return {
         "type": "get_info",
         "model_id": model.model_id,
         "model_data": {
-            "arch": getattr(info, "arch", None),
-            "model_name": base_model,
-            "tokenizer_id": str(tokenizer) if tokenizer is not None else base_model,
+            "arch": None,
+            "model_name": info.base_model,
+            "tokenizer_id": info.tokenizer_path,
         },
         "is_lora": True,
-        "lora_rank": getattr(info, "lora_rank", None),
-        "model_name": base_model,
+        "lora_rank": info.lora_rank,
+        "model_name": info.base_model,
     }
-
-
-def _vocab_size(info: Any) -> int | None:
-    """The model's vocabulary size, for refusing out-of-range token ids before queueing: the
-    engine's own answer if it gives one, else `vocab_size` in the model folder's config.json
-    (the folder get_info hands out as tokenizer_id). None when neither says."""
-    size = getattr(info, "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    folder = getattr(info, "tokenizer_path", None)
-    try:
-        size = json.loads((Path(str(folder)) / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return size if isinstance(size, int) and size > 0 else None
 
 
 def register_model(
@@ -125,7 +112,10 @@ def register_model(
 
 
 def start_creation(
-    svc: Service, model: TrainingModel, job_fn: Any, answer: dict[str, Any]
+    svc: Service,
+    model: TrainingModel,
+    job_fn: Callable[[Engine], ModelInfo],
+    answer: dict[str, Any],
 ) -> FutureRecord:
     """Run the creation job; then resolve `model.ready` (info body, or None on failure) and
     the creation future."""
@@ -134,8 +124,8 @@ def start_creation(
     async def finish() -> None:
         try:
             info = await asyncio.wrap_future(job)
-            model.base_model = getattr(info, "base_model", model.base_model)
-            model.vocab_size = _vocab_size(info)
+            model.base_model = info.base_model
+            model.vocab_size = info.vocab_size
             body = _info_body(model, info)
         except Exception as exc:  # noqa: BLE001 - becomes the creation future's error
             if model.creation_error is None:
@@ -156,7 +146,7 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
     check_optimizer(req.optimizer_config)
     if not req.base_model:
         raise ApiError(400, "create_model needs a base_model")
-    lora = _lora_spec(svc, req.lora_config)
+    lora = _lora_spec(req.lora_config)
     model, new = register_model(
         svc, req.session_id, req.model_seq_id, req.base_model, "create_model", req.user_metadata
     )
@@ -164,15 +154,12 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
         return model.creation
     model_id = model.model_id
     # tinker-local extension: user_metadata {"tinker_local.value_head": "mlp"} asks the engine
-    # for a value model (LoRA + scalar head, trained with loss_fn "value_mse"). Passed only when
-    # asked for, so engines without the extension keep their three-argument create_model.
+    # for a value model (LoRA + scalar head, trained with loss_fn "value_mse").
     value_head = (req.user_metadata or {}).get(VALUE_HEAD_METADATA_KEY)
-    extra = {} if value_head is None else {"value_head": value_head}
 
-    def job(engine: Any) -> Any:
+    def job(engine: Engine) -> ModelInfo:
         try:
-            engine.create_model(model_id, req.base_model, lora, **extra)
-            return engine.model_info(model_id)
+            return engine.create_model(model_id, req.base_model, lora, value_head=value_head)
         except BaseException as exc:
             model.creation_error = str(exc)
             raise
@@ -217,18 +204,19 @@ def forward_backward(
     svc: Service, msg: pb.ForwardBackwardRequest, data: list[types.Datum] | UserError
 ) -> FutureRecord:
     model = svc.state.model(msg.model_id)
-    loss_fn = msg.loss_fn
     forward_only = msg.forward_only
-    loss_fn_config = wire.loss_fn_config_from_proto(msg)
 
-    def prepare() -> Any:
+    def prepare() -> Job[WireResult]:
         if isinstance(data, UserError):
             raise data
-        datum_checks.check_loss_fn(loss_fn, svc.api.loss_inputs)
-        limits.check_datum_lengths(svc, data)
-        datum_checks.check_datums(data, loss_fn, svc.api.loss_inputs, model.vocab_size)
-        return ForwardBackwardJob(ForwardBackwardCall(model, data, loss_fn, loss_fn_config,
-                                                      forward_only))
+        datum_checks.check_loss_fn(msg.loss_fn, svc.loss_inputs)
+        datum_checks.check_lengths(data, svc.settings.max_sequence_len)
+        datum_checks.check_datums(data, msg.loss_fn, svc.loss_inputs, model.vocab_size)
+        call = ForwardBackwardCall(
+            model.model_id, data, msg.loss_fn, wire.loss_fn_config_from_proto(msg), forward_only
+        )
+        job = ForwardBackwardJob(model, call)
+        return Job(job.run, Batchable("forward_backward", job, run_forward_backward_jobs))
 
     return svc.submit_ordered(
         model,
@@ -240,55 +228,43 @@ def forward_backward(
 
 
 @dataclass(frozen=True)
-class ForwardBackwardCall:
-    model: TrainingModel
-    data: list[types.Datum]
-    loss_fn: str
-    loss_fn_config: dict[str, float] | None
-    forward_only: bool
-
-
 class ForwardBackwardJob:
-    """A forward_backward on the worker: alone (`job(engine)`), or with other models' calls in
-    one engine pass (`batchable`, see worker.py and Engine.forward_backward_many)."""
+    """A forward_backward on the worker: alone (`run`), or with other models' jobs in one
+    `engine.forward_backward_many` (`run_forward_backward_jobs`)."""
 
-    def __init__(self, call: ForwardBackwardCall):
-        self.call = call
-        self.batchable = Batchable("forward_backward", call, run_forward_backward_calls)
+    model: TrainingModel
+    call: ForwardBackwardCall
 
-    def __call__(self, engine: Any) -> WireResult:
-        call = self.call
-        check_created(call.model)
-        out = engine.forward_backward(
-            call.model.model_id, call.data, call.loss_fn, call.loss_fn_config, call.forward_only
-        )
-        return WireResult(wire.encode_forward_backward_output(out), PROTOBUF)
+    def run(self, engine: Engine) -> WireResult:
+        check_created(self.model)
+        return _encode(engine.forward_backward(self.call))
 
 
-def run_forward_backward_calls(
-    engine: Any, calls: list[ForwardBackwardCall]
+def _encode(output: types.ForwardBackwardOutput) -> WireResult:
+    return WireResult(wire.encode_forward_backward_output(output), PROTOBUF)
+
+
+def run_forward_backward_jobs(
+    engine: Engine, jobs: list[ForwardBackwardJob]
 ) -> list[WireResult | Exception]:
-    """Several models' forward_backward calls in one `engine.forward_backward_many`; each gets
+    """Several models' forward_backward jobs in one `engine.forward_backward_many`; each gets
     its own result or error."""
-    answers: list[WireResult | Exception | None] = [None] * len(calls)
+    answers: list[WireResult | Exception | None] = [None] * len(jobs)
     runnable = []
-    for index, call in enumerate(calls):
+    for index, job in enumerate(jobs):
         try:
-            check_created(call.model)
+            check_created(job.model)
         except UserError as exc:
             answers[index] = exc
         else:
             runnable.append(index)
-    outputs = engine.forward_backward_many([
-        (calls[i].model.model_id, calls[i].data, calls[i].loss_fn, calls[i].loss_fn_config,
-         calls[i].forward_only)
-        for i in runnable
-    ])
+    outputs = engine.forward_backward_many([jobs[i].call for i in runnable])
     for index, out in zip(runnable, outputs, strict=True):
+        if isinstance(out, Exception):
+            answers[index] = out
+            continue
         try:
-            answers[index] = out if isinstance(out, Exception) else WireResult(
-                wire.encode_forward_backward_output(out), PROTOBUF
-            )
+            answers[index] = _encode(out)
         except Exception as exc:  # noqa: BLE001 - this call's answer only
             answers[index] = exc
     return answers  # type: ignore[return-value]
@@ -297,7 +273,7 @@ def run_forward_backward_calls(
 def optim_step(svc: Service, req: types.OptimStepRequest) -> FutureRecord:
     model = svc.state.model(req.model_id)
 
-    def prepare() -> Any:
+    def prepare() -> Job[WireResult]:
         params = req.optim_params
         if not isinstance(params, types.AdamParams):
             raise UserError(
@@ -305,12 +281,11 @@ def optim_step(svc: Service, req: types.OptimStepRequest) -> FutureRecord:
                 "pass types.AdamParams)"
             )
 
-        def job(engine: Any) -> WireResult:
+        def job(engine: Engine) -> WireResult:
             check_created(model)
             response = engine.optim_step(model.model_id, params)
-            metrics = getattr(response, "metrics", None)
-            return json_result({"metrics": dict(metrics) if metrics else {}})
+            return json_result({"metrics": dict(response.metrics or {})})
 
-        return job
+        return Job(job)
 
     return svc.submit_ordered(model, req.seq_id, "optim_step", prepare)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tinker import types
 
+from tinker_local.engine.contract import Engine, ModelInfo, read_checkpoint_meta
 from tinker_local.server import paths
 from tinker_local.server.access import write_run_owner
 from tinker_local.server.errors import ApiError, UserError
@@ -25,13 +26,16 @@ from tinker_local.server.training import (
     register_model,
     start_creation,
 )
+from tinker_local.server.worker import Job
 
 _EXISTS = (
     "checkpoint {name!r} already exists for this run; pass overwrite=True or choose another name"
 )
 
 
-def _save_into(directory: Path, overwrite: bool, owner: str, write: Any) -> None:
+def _save_into(
+    directory: Path, overwrite: bool, owner: str, write: Callable[[Path], None]
+) -> None:
     """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
     or interrupted save never leaves a half-written checkpoint under the real name."""
     if directory.exists() and not overwrite:
@@ -52,7 +56,7 @@ def _save_into(directory: Path, overwrite: bool, owner: str, write: Any) -> None
 def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
     model = svc.state.model(req.model_id)
 
-    def prepare() -> Any:
+    def prepare() -> Job[WireResult]:
         if req.path is None:
             raise UserError("save_state needs a checkpoint name")
         target = paths.CheckpointPath(model.model_id, "weights", paths.check_name(req.path))
@@ -61,7 +65,7 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
             # Refused now (a 4xx); `_save_into` checks again for a save queued just before.
             raise UserError(_EXISTS.format(name=directory.name))
 
-        def job(engine: Any) -> WireResult:
+        def job(engine: Engine) -> WireResult:
             check_created(model)
             _save_into(
                 directory,
@@ -71,7 +75,7 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
             )
             return json_result({"type": "save_weights", "path": target.uri})
 
-        return job
+        return Job(job)
 
     return svc.submit_ordered(model, req.seq_id, "save_weights", prepare)
 
@@ -81,11 +85,11 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
     if req.path is None:
         return _snapshot_sampler(svc, model, req)
 
-    def prepare() -> Any:
+    def prepare() -> Job[WireResult]:
         target = paths.CheckpointPath(model.model_id, "sampler_weights", paths.check_name(req.path))
         directory = target.directory(svc.settings.checkpoints_dir())
 
-        def job(engine: Any) -> WireResult:
+        def job(engine: Engine) -> WireResult:
             check_created(model)
             # No overwrite flag exists for sampler weights: a repeated name replaces the old one.
             _save_into(
@@ -96,7 +100,7 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
             )
             return json_result({"type": "save_weights_for_sampler", "path": target.uri})
 
-        return job
+        return Job(job)
 
     return svc.submit_ordered(model, req.seq_id, "save_weights_for_sampler", prepare)
 
@@ -107,7 +111,7 @@ def _snapshot_sampler(
     """save_weights_and_get_sampling_client: a sampler on an in-memory copy of the weights."""
     new_id = ""
 
-    def prepare() -> Any:
+    def prepare() -> Job[str]:
         nonlocal new_id
         if req.sampling_session_seq_id is None:
             raise UserError("save_weights_for_sampler needs a name or a sampling_session_seq_id")
@@ -115,18 +119,18 @@ def _snapshot_sampler(
         if new_id in svc.state.samplers:
             raise UserError(f"sampling session {new_id} already exists")
 
-        def job(engine: Any) -> Any:
+        def job(engine: Engine) -> str:
             check_created(model)
             return engine.create_sampler(new_id, from_model_id=model.model_id)
 
-        return job
+        return Job(job)
 
-    def on_loop(base_model: Any) -> WireResult:
+    def on_loop(base_model: str) -> WireResult:
         session = svc.state.session(model.session_id, live=False)
         svc.state.samplers[new_id] = Sampler(
             new_id,
             session.session_id,
-            str(base_model),
+            base_model,
             None,
             owner=session.owner,
             snapshot_of=model.model_id,
@@ -135,7 +139,7 @@ def _snapshot_sampler(
         _evict_old_snapshots(svc, model.model_id)
         if svc.store is not None:
             svc.store.add_sampler(
-                new_id, session.session_id, session.owner, str(base_model), None, "snapshot"
+                new_id, session.session_id, session.owner, base_model, None, "snapshot"
             )
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
 
@@ -162,7 +166,7 @@ def _evict_old_snapshots(svc: Service, model_id: str) -> None:
             session.sampler_ids.remove(sampler.sampler_id)
     old_ids = [s.sampler_id for s in old]
 
-    def unload(engine: Any) -> None:
+    def unload(engine: Engine) -> None:
         for sid in old_ids:
             engine.unload_sampler(sid)
 
@@ -187,26 +191,26 @@ def load_weights(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
         raise ApiError(400, "load_weights needs a model_id (or session_id and model_seq_id)")
     model = svc.state.model(req.model_id)
 
-    def prepare() -> Any:
+    def prepare() -> Job[WireResult]:
         _source, directory = _load_source(svc, req.path, req.optimizer)
 
-        def job(engine: Any) -> WireResult:
+        def job(engine: Engine) -> WireResult:
             check_created(model)
             engine.load_state(model.model_id, directory, with_optimizer=req.optimizer)
             return json_result(
                 {"type": "load_weights", "path": req.path, "model_id": model.model_id}
             )
 
-        return job
+        return Job(job)
 
     return svc.submit_ordered(model, req.seq_id, "load_weights", prepare)
 
 
-def _checkpoint_base_model(svc: Service, directory: Path) -> str:
+def _checkpoint_base_model(directory: Path) -> str:
     """The base model a checkpoint was trained on ('' when its metadata is unreadable; the
     creation job then reports why)."""
     try:
-        return str(svc.api.read_checkpoint_meta(directory).base_model)
+        return read_checkpoint_meta(directory).base_model
     except Exception:  # noqa: BLE001
         return ""
 
@@ -220,18 +224,17 @@ def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> Futu
         svc,
         req.session_id,
         req.model_seq_id,
-        req.base_model or _checkpoint_base_model(svc, directory),
+        req.base_model or _checkpoint_base_model(directory),
         "load_weights",
         req.user_metadata,
     )
     if not new:
         return model.creation
     model_id = model.model_id
-    read_meta = svc.api.read_checkpoint_meta
 
-    def job(engine: Any) -> Any:
+    def job(engine: Engine) -> ModelInfo:
         try:
-            meta = read_meta(directory)
+            meta = read_checkpoint_meta(directory)
             engine.create_model(model_id, req.base_model or meta.base_model, meta.lora)
             try:
                 engine.load_state(model_id, directory, with_optimizer=req.optimizer)

@@ -1,25 +1,23 @@
-"""The one thread that touches the Engine.
+"""The one thread that touches the engine (a `contract.Engine`).
 
-The Engine is not thread-safe, and torch must never run on the server's event loop (heartbeats
+An engine is not thread-safe, and torch must never run on the server's event loop (heartbeats
 and long-polls have to answer while a training step runs). So every engine call is a job on
 this thread's FIFO queue. Per-model seq_id order is decided before a job is queued (see
 `sequencer.py`); the FIFO keeps it.
 
-Sampling jobs are special. With the real Engine, sampling is continuous batching
-(`engine.sampling.service.ContinuousSampling`): every sampling job is handed to the running
-decode batch as soon as the worker sees it (sampling jobs may thus overtake other jobs, as
-before) and joins it at the next decode step. Decoding runs in slices between other jobs: after
-each job the worker decodes until a job is waiting and the slice has lasted `sample_slice_s`
-(at least one step), then runs that job, then decodes again. So a long sample neither blocks
-training (`forward_backward` of another client waits at most about one slice) nor makes later
-sample requests wait for it to end. Stopping the worker fails requests still decoding.
-
-With an engine that has only `sample_batch` (test doubles), the worker takes every sampling job
-queued at that moment and hands them to `engine.sample_batch` in one call.
+Sampling has one path, whatever the engine: its sampling backend (`engine.sampling`, a
+`contract.SamplingBackend`; the built-in continuous-batching sampler or vLLM). Every sampling
+request is handed to the backend as soon as the worker sees it (sampling requests may thus
+overtake other jobs) and joins the running batch at the next step. The backend runs in slices
+between other jobs: after each job the worker runs it until a job is waiting and the slice has
+lasted `sample_slice_s` (at least one step), then runs that job, then samples again. So a long
+sample neither blocks training (`forward_backward` of another client waits at most about one
+slice) nor makes later sample requests wait for it to end. Stopping the worker fails requests
+still sampling.
 
 Training jobs of different models may run together. A job submitted with a `Batchable` (a
 forward_backward) takes with it the later queued jobs of the same batch kind, one per model,
-when the engine says it batches (`engine.batch_models`): a job of a model is never moved past
+when the engine batches models (`engine.batch_models`): a job of a model is never moved past
 an earlier job of the same model, and no job is moved past a job that names no model (those may
 touch any model). `Batchable.run_together` then runs them in one engine call and answers each
 job with its own result or error.
@@ -36,13 +34,22 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from tinker_local.engine.contract import (
+    Engine,
+    EngineFactory,
+    LossInputs,
+    SampleOutcome,
+    SamplingBackend,
+    SamplingRequest,
+)
+
 logger = logging.getLogger("tinker_local.server")
 
 T = TypeVar("T")
 
 
 class WorkerStopped(RuntimeError):
-    category = "server"
+    """The server is shutting down (a "server" error)."""
 
 
 @dataclass(frozen=True)
@@ -52,23 +59,32 @@ class Batchable:
 
     kind: Hashable
     payload: Any
-    run_together: Callable[[Any, list[Any]], list[Any]]
+    run_together: Callable[[Engine, list[Any]], list[Any]]
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    """What a request runs on the worker: `run(engine)`, or with other models' jobs of the same
+    kind through `batchable`."""
+
+    run: Callable[[Engine], T]
+    batchable: Batchable | None = None
 
 
 @dataclass
-class _Job(Generic[T]):
-    fn: Callable[[Any], T]
+class _Queued(Generic[T]):
+    fn: Callable[[Engine], T]
     future: concurrent.futures.Future[T]
     # The training model whose seq_id order this job keeps; None: it may touch any model.
     model: str | None = None
     batchable: Batchable | None = None
 
 
-@dataclass(eq=False)  # hashed by identity (the set of jobs decoding)
+@dataclass(eq=False)  # hashed by identity (the set of requests sampling)
 class _SampleJob(Generic[T]):
-    request: Any
-    # Turns the engine's answer for this request (a response or an exception) into T.
-    finish: Callable[[Any], T]
+    request: SamplingRequest
+    # Turns the backend's outcome for this request (a response or an exception) into T.
+    finish: Callable[[SampleOutcome], T]
     future: concurrent.futures.Future[T]
 
 
@@ -79,24 +95,24 @@ class EngineWorker:
     creates) is only ever touched from that thread.
     """
 
-    def __init__(self, engine_factory: Callable[[], Any], name: str = "tinker-local-engine",
+    def __init__(self, engine_factory: EngineFactory, name: str = "tinker-local-engine",
                  sample_slice_s: float = 0.5):
         self._engine_factory = engine_factory
-        self._engine: Any = None
+        self._engine: Engine | None = None  # for tests and diagnostics
+        self._sampling: SamplingBackend | None = None
         self.sample_slice_s = sample_slice_s
-        self._sampling: Any = None  # ContinuousSampling, when the engine supports it
-        self._decoding: set[_SampleJob[Any]] = set()  # handed to continuous sampling
-        self._queue: deque[_Job[Any] | _SampleJob[Any]] = deque()
+        self._sampling_jobs: set[_SampleJob[Any]] = set()  # handed to the backend
+        self._queue: deque[_Queued[Any] | _SampleJob[Any]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._ready = concurrent.futures.Future[None]()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        # For tests and diagnostics: sample_batch sizes, or (continuous) the number of requests
-        # in flight together after each admission.
+        # Known once the engine is built (immutable afterwards).
+        self.batch_jobs = False  # whether batchable jobs run together (`engine.batch_models`)
+        self.loss_inputs: LossInputs | None = None  # `engine.loss_inputs`
+        # For tests and diagnostics: the requests in flight together after each admission, and
+        # the size of every group of batchable jobs run together.
         self.batch_sizes: list[int] = []
-        # Whether batchable jobs are run together (the engine's `batch_models`, once built).
-        self.batch_jobs = False
-        # For tests and diagnostics: the size of every group of batchable jobs run together.
         self.job_batch_sizes: list[int] = []
 
     def start(self, timeout_s: float | None = None) -> None:
@@ -108,7 +124,7 @@ class EngineWorker:
 
     def submit(
         self,
-        fn: Callable[[Any], T],
+        fn: Callable[[Engine], T],
         *,
         model: str | None = None,
         batchable: Batchable | None = None,
@@ -116,12 +132,12 @@ class EngineWorker:
         """Queue `fn(engine)`. `model`: the training model whose order the job keeps (None: it
         may touch any model, and no later job is run before it); `batchable`: how it may run
         together with other jobs (then `fn` is what runs when it runs alone)."""
-        job: _Job[T] = _Job(fn, concurrent.futures.Future(), model, batchable)
+        job: _Queued[T] = _Queued(fn, concurrent.futures.Future(), model, batchable)
         self._enqueue(job)
         return job.future
 
     def submit_sample(
-        self, request: Any, finish: Callable[[Any], T]
+        self, request: SamplingRequest, finish: Callable[[SampleOutcome], T]
     ) -> concurrent.futures.Future[T]:
         job: _SampleJob[T] = _SampleJob(request, finish, concurrent.futures.Future())
         self._enqueue(job)
@@ -141,12 +157,12 @@ class EngineWorker:
             _fail(job, WorkerStopped("the server is shutting down"))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
-        for job in list(self._decoding):  # the thread has left its loop (or is stuck)
+        for job in list(self._sampling_jobs):  # the thread has left its loop (or is stuck)
             _fail(job, WorkerStopped("the server is shutting down"))
 
     # -- worker thread ------------------------------------------------------------------------
 
-    def _enqueue(self, job: _Job[Any] | _SampleJob[Any]) -> None:
+    def _enqueue(self, job: _Queued[Any] | _SampleJob[Any]) -> None:
         with self._cond:
             if self._stopping:
                 _fail(job, WorkerStopped("the server is shutting down"))
@@ -154,53 +170,17 @@ class EngineWorker:
             self._queue.append(job)
             self._cond.notify()
 
-    def _take(self) -> list[_Job[Any] | _SampleJob[Any]] | None:
-        with self._cond:
-            while not self._queue and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
-            first = self._queue.popleft()
-            if isinstance(first, _Job):
-                return [first, *self._pop_companions(first)]
-            # Every sampling job queued right now joins this batch; the rest keep their order.
-            batch: list[_Job[Any] | _SampleJob[Any]] = [first]
-            rest: deque[_Job[Any] | _SampleJob[Any]] = deque()
-            for job in self._queue:
-                (batch if isinstance(job, _SampleJob) else rest).append(job)
-            self._queue = rest
-            return batch
-
     def _run(self) -> None:
         try:
-            self._engine = self._engine_factory()
+            engine = self._engine_factory()
+            self.batch_jobs = engine.batch_models
+            self.loss_inputs = dict(engine.loss_inputs)
+            sampling = engine.sampling
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             self._ready.set_exception(exc)
             return
-        self.batch_jobs = bool(getattr(self._engine, "batch_models", False))
-        try:
-            from tinker_local.engine.sampling.service import continuous_sampling
-
-            self._sampling = continuous_sampling(self._engine)
-        except ImportError:  # an engine-less install: plain sample_batch
-            self._sampling = None
+        self._engine, self._sampling = engine, sampling
         self._ready.set_result(None)
-        if self._sampling is not None:
-            self._run_continuous()
-            return
-        while True:
-            jobs = self._take()
-            if jobs is None:
-                return
-            if isinstance(jobs[0], _Job):
-                self._run_jobs([j for j in jobs if isinstance(j, _Job)])
-            else:
-                self._run_samples([j for j in jobs if isinstance(j, _SampleJob)])
-
-    # -- continuous sampling --------------------------------------------------------------------
-
-    def _run_continuous(self) -> None:
-        sampling = self._sampling
         while True:
             with self._cond:
                 while not self._queue and sampling.idle and not self._stopping:
@@ -208,47 +188,50 @@ class EngineWorker:
                 if self._stopping:
                     return
                 samples = self._pop_samples()
-                jobs: list[_Job[Any]] = []
+                jobs: list[_Queued[Any]] = []
                 if self._queue:
                     first = self._queue.popleft()
-                    assert isinstance(first, _Job)
+                    assert isinstance(first, _Queued)
                     jobs = [first, *self._pop_companions(first)]
             try:
                 self._admit(samples)
                 if jobs:
-                    self._run_jobs(jobs)
+                    self._run_jobs(engine, jobs)
                 if not sampling.idle:
-                    self._decode_slice()
+                    self._sample_slice(sampling)
             except Exception:  # never let the one engine thread die
                 logger.exception("engine worker loop failed")
+
+    # -- sampling -------------------------------------------------------------------------------
 
     def _pop_samples(self) -> list[_SampleJob[Any]]:
         """Take every queued sampling job (call with the lock held); other jobs keep order."""
         samples = [j for j in self._queue if isinstance(j, _SampleJob)]
         if samples:
-            self._queue = deque(j for j in self._queue if isinstance(j, _Job))
+            self._queue = deque(j for j in self._queue if isinstance(j, _Queued))
         return samples
 
     def _admit(self, jobs: list[_SampleJob[Any]]) -> None:
+        assert self._sampling is not None
         for job in jobs:
-            self._decoding.add(job)
+            self._sampling_jobs.add(job)
             try:
-                self._sampling.submit(job.request, lambda answer, job=job: self._answer(job, answer))
-            except BaseException as exc:  # noqa: BLE001 - this request only
+                self._sampling.submit(job.request, lambda outcome, job=job: self._answer(job, outcome))
+            except Exception as exc:  # noqa: BLE001 - this request only
                 self._answer(job, exc)
         if jobs:
             self.batch_sizes.append(self._sampling.in_flight)
 
-    def _answer(self, job: _SampleJob[Any], answer: Any) -> None:
-        self._decoding.discard(job)
+    def _answer(self, job: _SampleJob[Any], outcome: SampleOutcome) -> None:
+        self._sampling_jobs.discard(job)
         try:
-            _set(job.future, job.finish(answer))
+            _set(job.future, job.finish(outcome))
         except BaseException as exc:  # noqa: BLE001
             _fail(job, exc)
 
-    def _decode_slice(self) -> None:
-        """Decode until another job is waiting and the slice has lasted `sample_slice_s`;
-        sampling jobs that arrive meanwhile join the batch at the next step."""
+    def _sample_slice(self, sampling: SamplingBackend) -> None:
+        """Sample until another job is waiting and the slice has lasted `sample_slice_s`;
+        sampling requests that arrive meanwhile join the batch at the next step."""
         start = time.perf_counter()
 
         def between() -> bool:
@@ -259,11 +242,13 @@ class EngineWorker:
             return job_waiting and time.perf_counter() - start >= self.sample_slice_s
 
         try:
-            self._sampling.run(max_steps=2**62, between=between)
-        except BaseException:  # run() reports step failures to the requests themselves
-            logger.exception("continuous sampling failed")
+            sampling.run(between)
+        except Exception:  # a backend reports step failures to the requests themselves
+            logger.exception("sampling failed")
 
-    def _pop_companions(self, first: _Job[Any]) -> list[_Job[Any]]:
+    # -- other jobs -----------------------------------------------------------------------------
+
+    def _pop_companions(self, first: _Queued[Any]) -> list[_Queued[Any]]:
         """The queued jobs that run together with `first` (call with the lock held): of its
         batch kind, one per model, none moved past an earlier job of its own model or past a
         job that names no model. The others keep their order."""
@@ -271,8 +256,8 @@ class EngineWorker:
             return []
         kind = first.batchable.kind
         passed = {first.model}  # models with a job at or before the scan position
-        taken: list[_Job[Any]] = []
-        kept: deque[_Job[Any] | _SampleJob[Any]] = deque()
+        taken: list[_Queued[Any]] = []
+        kept: deque[_Queued[Any] | _SampleJob[Any]] = deque()
         queue = list(self._queue)
         for position, job in enumerate(queue):
             if isinstance(job, _SampleJob):
@@ -290,23 +275,21 @@ class EngineWorker:
         self._queue = kept
         return taken
 
-    def _run_jobs(self, jobs: list[_Job[Any]]) -> None:
-        if len(jobs) == 1:
-            self._run_job(jobs[0])
+    def _run_jobs(self, engine: Engine, jobs: list[_Queued[Any]]) -> None:
+        batchables = [j.batchable for j in jobs if j.batchable is not None]
+        if len(jobs) == 1 or len(batchables) != len(jobs):
+            for job in jobs:
+                self._run_job(engine, job)
             return
         self.job_batch_sizes.append(len(jobs))
-        batchables = [j.batchable for j in jobs]
-        assert all(b is not None for b in batchables)
         try:
-            answers = list(batchables[0].run_together(  # type: ignore[union-attr]
-                self._engine, [b.payload for b in batchables]  # type: ignore[union-attr]
-            ))
+            answers = list(batchables[0].run_together(engine, [b.payload for b in batchables]))
             if len(answers) != len(jobs):
                 raise RuntimeError(f"{len(answers)} answers for {len(jobs)} batched jobs")
         except Exception:  # never answer one model with another's failure: one by one
             logger.exception("a batch of %d jobs failed; running them one by one", len(jobs))
             for job in jobs:
-                self._run_job(job)
+                self._run_job(engine, job)
             return
         for job, answer in zip(jobs, answers):
             if isinstance(answer, BaseException):
@@ -314,29 +297,13 @@ class EngineWorker:
             else:
                 _set(job.future, answer)
 
-    def _run_job(self, job: _Job[Any]) -> None:
+    def _run_job(self, engine: Engine, job: _Queued[Any]) -> None:
         try:
-            result = job.fn(self._engine)
+            result = job.fn(engine)
         except BaseException as exc:  # noqa: BLE001 - the job's caller decides what it means
             _fail(job, exc)
         else:
             _set(job.future, result)
-
-    def _run_samples(self, jobs: list[_SampleJob[Any]]) -> None:
-        self.batch_sizes.append(len(jobs))
-        try:
-            answers: list[Any] = list(self._engine.sample_batch([j.request for j in jobs]))
-            if len(answers) != len(jobs):
-                raise RuntimeError(
-                    f"engine.sample_batch returned {len(answers)} results for {len(jobs)} requests"
-                )
-        except BaseException as exc:  # noqa: BLE001 - every request in the batch gets it
-            answers = [exc] * len(jobs)
-        for job, answer in zip(jobs, answers):
-            try:
-                _set(job.future, job.finish(answer))
-            except BaseException as exc:  # noqa: BLE001
-                _fail(job, exc)
 
 
 def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
@@ -347,7 +314,7 @@ def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
         logger.debug("dropping a result nobody can receive any more")
 
 
-def _fail(job: _Job[Any] | _SampleJob[Any], exc: BaseException) -> None:
+def _fail(job: _Queued[Any] | _SampleJob[Any], exc: BaseException) -> None:
     try:
         job.future.set_exception(exc)
     except (concurrent.futures.InvalidStateError, RuntimeError):

@@ -1,8 +1,10 @@
-"""Sampling requests and their validation.
+"""Sampling requests and their validation, written once for every path.
 
-`GenRequest` is what the engine hands the sampler; `validate_request` checks it against the
-model (vocabulary, context length, adapters) and normalises the SDK's `SamplingParams` into a
-`StopSpec` plus plain numbers, raising `SamplingError` naming the bad field.
+`validate_request` checks what a request asks (`Asked`: the engine contract's
+`SamplingRequest`, which names a sampler, or `GenRequest`, the standalone `Sampler`'s input,
+which names a peft adapter) against the model (vocabulary, context length, adapters), and
+normalises the SDK's `SamplingParams` into a `StopSpec` plus plain numbers: a `ValidRequest`,
+what the scheduler and the vLLM backend run. It raises `SamplingError` naming the bad field.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tinker import types
 
@@ -20,9 +23,24 @@ class SamplingError(ValueError):
     """A sampling request the sampler refuses; the message names the field."""
 
 
+class Asked(Protocol):
+    """What a sampling request asks, whoever sends it."""
+
+    @property
+    def prompt(self) -> Sequence[int]: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def prompt_logprobs(self) -> bool: ...
+    @property
+    def topk_prompt_logprobs(self) -> int: ...
+    @property
+    def topk_sample_logprobs(self) -> int: ...
+
+
 @dataclass
 class GenRequest:
-    """One sampling request: `num_samples` continuations of `prompt`.
+    """One request to a standalone `Sampler`: `num_samples` continuations of `prompt`.
 
     adapter_name None samples the bare base model. `prompt_logprobs` asks for the logprob of
     every prompt token given the tokens before it (the first is None); `topk_prompt_logprobs`
@@ -74,13 +92,17 @@ class ValidRequest:
 
 
 def validate_request(
-    req: GenRequest, limits: ModelLimits, eos_token_ids: Sequence[int]
+    req: Asked,
+    p: types.SamplingParams,
+    adapter_name: str | None,
+    limits: ModelLimits,
+    eos_token_ids: Sequence[int],
 ) -> ValidRequest:
+    """`req` sampled with `p` through the peft adapter `adapter_name` (None: the bare model)."""
     prompt = _check_prompt(req.prompt, limits.vocab_size)
-    p = req.params
     if not isinstance(req.num_samples, int) or req.num_samples < 1:
         raise SamplingError(f"num_samples must be an integer >= 1, got {req.num_samples!r}")
-    adapter = _check_adapter(req.adapter_name, limits)
+    adapter = _check_adapter(adapter_name, limits)
     max_tokens = _check_max_tokens(p.max_tokens, len(prompt), limits.max_context)
     temperature = _finite(p.temperature, "sampling_params.temperature")
     if temperature < 0:

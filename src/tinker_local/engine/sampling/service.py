@@ -1,83 +1,136 @@
-"""Continuous batching for the Engine's samplers, driven step by step by the server's worker.
+"""Sampling backends on the engine's side: the one prepare step, and the built-in backend.
 
-`Engine.sample_batch` samples a list of requests to completion. `ContinuousSampling` keeps one
-`SamplerLoop` per base model instead: `submit` queues a request (it joins the running batch at
-the next step: prefill, then decode with the rows already running), `run` advances every busy
-loop by a few steps and returns, so the caller can run other engine work (a training step)
-between slices and keep submitting requests that arrive meanwhile.
+A backend samples the engine's samplers. It implements the contract's `SamplingBackend` (what
+the server's worker drives: `submit`, `run`, `idle`) plus two notices from the engine
+(`EngineSampling`): a sampler was created, with a way to write its adapter's PEFT folder, or
+unloaded. The engine hands a backend `resolve(sampler_id) -> SamplerSlot`: which base model's
+built-in `Sampler` it samples, through which peft adapter. That is all a backend knows of the
+engine, so this module does not import it.
 
-Same contract as `sample_batch`: each request gets its `types.SampleResponse` or an
-`EngineError` (category "user" for a bad request, "server" when the step itself fails), through
-the `done` callback given to `submit`, called on the caller's thread.
+`prepare` is the one place a `SamplingRequest` is checked: resolved to its slot and validated
+into a `ValidRequest` (a `SamplingError` becomes a "user" `EngineError` naming the field).
+Every backend calls it in `submit`, so a bad request is answered at once.
 
-Work done between slices must not disturb rows in flight. Training only touches its own adapter
-(samplers use frozen snapshots, addressed by peft adapter name, never the active adapter), and
-every slice re-enters eval/inference mode. An adapter removed between slices (its sampler
-unloaded) fails just the requests that use it, at the next step.
+`ContinuousSampling` is the built-in backend: one `SamplerLoop` per base model; a request
+joins its base model's running batch at the next step (prefill, then decode with the rows
+already running); `run` advances every busy loop one step at a time, calling `between()` after
+each. Work done between steps must not disturb rows in flight: training only touches its own
+adapter (samplers use frozen snapshots, addressed by peft adapter name, never the active
+adapter), and every step re-enters eval/inference mode. An adapter removed between steps (its
+sampler unloaded) fails just the requests that use it, at the next step.
 
-Requests are resolved with `Engine.prepare_sample`, the same step `Engine.sample_batch` uses.
+`sample_all` drives any backend to completion over a list of requests (tests and tools).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
+from tinker import types
+
+from tinker_local.engine.contract import (
+    SampleDone,
+    SampleOutcome,
+    SamplingBackend,
+    SamplingRequest,
+)
 from tinker_local.engine.errors import EngineError, user_error
+from tinker_local.engine.sampler import Sampler, SamplerLoop
+from tinker_local.engine.sampling.params import SamplingError, ValidRequest
 
 logger = logging.getLogger("tinker_local.engine")
 
-Done = Callable[[Any], None]  # receives a types.SampleResponse or an EngineError
+
+@dataclass(frozen=True)
+class SamplerSlot:
+    """Where an engine sampler samples."""
+
+    base_model: str
+    model_folder: Path  # the base model's Hugging Face folder
+    sampler: Sampler  # that base model's built-in sampler (limits, EOS ids, tokenizer)
+    adapter: str | None  # the peft adapter name in the sampler's model; None: the bare base
 
 
-def continuous_sampling(engine: Any) -> ContinuousSampling | None:
-    """A `ContinuousSampling` for `engine`, or None when it cannot do it (a test double that
-    only implements `sample_batch`): the caller then falls back to `sample_batch`."""
-    from tinker_local.engine.engine import Engine
+# sampler_id -> its slot; raises a "user" EngineError for an unknown id.
+Resolve = Callable[[str], SamplerSlot]
+# Writes a sampler's LoRA as a PEFT folder (config + weights) into the given new folder.
+WriteAdapter = Callable[[Path], None]
 
-    if isinstance(engine, Engine):
-        return ContinuousSampling(engine)
-    return None
+
+class EngineSampling(SamplingBackend, Protocol):
+    """A sampling backend as the engine holds it (the engine calls these on its own thread)."""
+
+    def add_sampler(self, sampler_id: str, write_adapter: WriteAdapter | None) -> None:
+        """A sampler was created (`write_adapter` None: the bare base). Raising refuses it; the
+        engine then forgets the sampler."""
+        ...
+
+    def remove_sampler(self, sampler_id: str) -> None: ...
+
+
+# An engine's choice of backend: built with the engine's `resolve`.
+SamplingFactory = Callable[[Resolve], EngineSampling]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request: SamplingRequest
+    slot: SamplerSlot
+    valid: ValidRequest
+
+
+def prepare(request: SamplingRequest, resolve: Resolve) -> Prepared:
+    """Resolve and validate `request` once; EngineError ("user") names what is wrong."""
+    slot = resolve(request.sampler_id)
+    try:
+        valid = slot.sampler.validate(request, request.sampling_params, slot.adapter)
+    except SamplingError as error:
+        raise user_error(f"sample request: {error}") from None
+    return Prepared(request, slot, valid)
 
 
 class ContinuousSampling:
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self._loops: dict[str, Any] = {}  # base model name -> SamplerLoop
-        self.in_flight = 0  # requests submitted and not answered yet
+    """The built-in backend (see the module docstring)."""
+
+    def __init__(self, resolve: Resolve):
+        self._resolve = resolve
+        self._loops: dict[str, SamplerLoop] = {}  # base model name -> its loop
+        self._in_flight = 0
         self.steps = 0  # loop steps run, for tests and diagnostics
 
     @property
     def idle(self) -> bool:
         return all(loop.idle for loop in self._loops.values())
 
-    def submit(self, request: Any, done: Done) -> None:
-        """Validate `request` (an engine `SampleRequest`) and queue it; a bad one is answered
-        at once with a user `EngineError`."""
-        from tinker_local.engine.sampler import SamplerLoop, SamplingError
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
+    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
         try:
-            base_model, sampler, gen = self.engine.prepare_sample(request)
-            loop = self._loops.get(base_model)
-            if loop is None or loop.sampler is not sampler:
-                loop = self._loops[base_model] = SamplerLoop(sampler)
-            future = loop.submit(gen)
-        except SamplingError as error:
-            done(user_error(f"sample request: {error}"))
-            return
+            prepared = prepare(request, self._resolve)
         except EngineError as error:
             done(error)
             return
-        self.in_flight += 1
+        self.submit_prepared(prepared, done)
+
+    def submit_prepared(self, prepared: Prepared, done: SampleDone) -> None:
+        """Queue a request `prepare` has checked (another backend may hand one over)."""
+        sampler = prepared.slot.sampler
+        loop = self._loops.get(prepared.slot.base_model)
+        if loop is None or loop.sampler is not sampler:
+            loop = self._loops[prepared.slot.base_model] = SamplerLoop(sampler)
+        future = loop.submit_valid(prepared.valid)
+        self._in_flight += 1
         future.add_done_callback(lambda f: self._finish(f, done))
 
-    def _finish(self, future: Future, done: Done) -> None:
-        from tinker_local.engine.sampler import SamplingError
-
-        self.in_flight -= 1
+    def _finish(self, future: Future[types.SampleResponse], done: SampleDone) -> None:
+        self._in_flight -= 1
         error = future.exception()
         if error is None:
             done(future.result())
@@ -88,15 +141,12 @@ class ContinuousSampling:
         else:
             done(EngineError(f"sampling failed: {error}", "server"))
 
-    def run(self, max_steps: int = 1, max_seconds: float | None = None,
-            between: Callable[[], bool] | None = None) -> int:
-        """Advance every busy loop by up to `max_steps` steps (fewer once `max_seconds` have
-        passed, or when `between()`, called after each step, returns True: it may submit more
-        requests). Returns the number of steps run. A failing step fails its loop's requests
-        (as server errors) and is not raised."""
-        start = time.perf_counter()
+    def run(self, between: Callable[[], bool] | None = None, max_steps: int | None = None) -> None:
+        """Advance every busy loop one step at a time until idle, `between()` returns True,
+        or `max_steps` steps ran. A failing step fails its loop's requests (as server errors)
+        and is not raised."""
         steps = 0
-        while steps < max_steps:
+        while max_steps is None or steps < max_steps:
             busy = [loop for loop in self._loops.values() if not loop.idle]
             if not busy:
                 break
@@ -107,8 +157,30 @@ class ContinuousSampling:
                     logger.exception("sampling step failed")
             steps += 1
             self.steps += 1
-            if max_seconds is not None and time.perf_counter() - start >= max_seconds:
-                break
             if between is not None and between():
                 break
-        return steps
+
+    def add_sampler(self, sampler_id: str, write_adapter: WriteAdapter | None) -> None:
+        """Nothing to do: the sampler's adapter is already in its base model's peft model."""
+
+    def remove_sampler(self, sampler_id: str) -> None:
+        """Nothing to do: requests on a removed adapter fail at the next step (SamplerLoop)."""
+
+
+def sample_all(
+    backend: SamplingBackend, requests: Sequence[SamplingRequest]
+) -> list[SampleOutcome]:
+    """Submit every request, run `backend` until idle, and return each request's outcome."""
+    outcomes: list[SampleOutcome | None] = [None] * len(requests)
+
+    def answer(index: int) -> SampleDone:
+        def done(outcome: SampleOutcome) -> None:
+            outcomes[index] = outcome
+
+        return done
+
+    for index, request in enumerate(requests):
+        backend.submit(request, answer(index))
+    while not backend.idle:
+        backend.run(lambda: False)
+    return [o if o is not None else EngineError("no answer", "server") for o in outcomes]

@@ -1,0 +1,29 @@
+"""The engine an entry point serves: `engine_factory(device=, dtype=, sampler=)`.
+
+Entry points (`tinker-local serve` / `run`, the embedded server) call it and hand the result to
+the server (`server.service.Service`), which calls it on its worker thread. The sampling backend
+is chosen here: "builtin" (the continuous-batching sampler) or "vllm"; None reads
+`config.sampler_backend()` (the TINKER_LOCAL_SAMPLER variable, or `--sampler`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tinker_local import config
+from tinker_local.engine import vllm_sampler
+from tinker_local.engine.contract import EngineFactory
+from tinker_local.engine.engine import Engine
+from tinker_local.engine.sampling.service import ContinuousSampling, SamplingFactory
+
+
+def engine_factory(
+    *, device: str | None = None, dtype: str | None = None, sampler: str | None = None
+) -> EngineFactory:
+    """A factory of the torch `Engine` with the chosen sampling backend. A missing vLLM or bad
+    vLLM settings fail here, at start (not on the worker thread, minutes later)."""
+    sampling: SamplingFactory = ContinuousSampling
+    if config.sampler_backend(sampler) == "vllm":
+        vllm_sampler.check_installed()
+        sampling = functools.partial(vllm_sampler.VllmSampling, args=vllm_sampler.llm_args())
+    return functools.partial(Engine, device=device, dtype=dtype, sampling=sampling)
