@@ -1,6 +1,6 @@
 import json
 
-from tinker_local.rl.demo import demo_config, report
+from tinker_local.apps.demo import demo_config, report
 from tinker_local.rl.train import TrainResult
 
 
