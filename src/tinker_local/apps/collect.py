@@ -1,7 +1,8 @@
-"""`tinker-local collect`: SFT data from the task suite (`tinker_local.sl.collect` says what is
-kept and why), drawn from the tasks' training splits.
+"""`tinker-local collect`: SFT data from the task suite, checked by the tasks' own verifiers.
 
     tinker-local collect arithmetic grid --out data.jsonl -n 200
+
+Items come from the tasks' training splits; `tinker_local.sl.collect` says what is kept and why.
 """
 
 from __future__ import annotations
