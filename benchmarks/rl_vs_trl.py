@@ -26,7 +26,8 @@ BATCH, GROUP, MAX_TOKENS, LR, RANK = 8, 8, 32, 5e-4, 16
 
 
 def run_tinker_local(steps: int, seed: int, log_dir: str) -> dict[str, Any]:
-    from tinker_local.rl.demo import demo_config
+    import tinker_local
+    from tinker_local.apps.demo import demo_config
     from tinker_local.rl.train import run
     from tinker_local.tasks import arithmetic
 
@@ -38,7 +39,7 @@ def run_tinker_local(steps: int, seed: int, log_dir: str) -> dict[str, Any]:
         data = arithmetic.make_dataset(tokenizer, batch_size=BATCH, group_size=GROUP, seed=seed)
         return data, None  # no evaluation: only training steps are timed
 
-    run(cfg, datasets)
+    run(cfg, datasets, service_client=tinker_local.ServiceClient())
     rows = [json.loads(x) for x in Path(log_dir, "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward/mean" in r]
     return {

@@ -14,9 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
+from tinker_local.apps.pipeline import PipelineConfig, run_pipeline
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import markdown_table
-from tinker_local.sl.pipeline import PipelineConfig, run_pipeline
 
 
 def demo_config(log_dir: str, rl_learning_rate: float) -> dict:

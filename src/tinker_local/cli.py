@@ -1,102 +1,13 @@
-"""`tinker-local` command line: a thin dispatcher; each subcommand lives with its layer."""
+"""`python -m tinker_local.cli`: the `tinker-local` command, which lives in `tinker_local.apps.cli`
+(kept here so that `python -m tinker_local.cli` and `from tinker_local import cli` keep working)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-# subcommand -> ("module:function", one-line help). Imported lazily so `--help` is instant.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("tinker_local.server.commands:serve_main", "run the tinker-local HTTP server"),
-    "run": (
-        "tinker_local.server.commands:run_main",
-        "run an unmodified hosted-Tinker script against an embedded server",
-    ),
-    "models": ("tinker_local.engine.commands:models_main", "list the models this machine can serve"),
-    "export": (
-        "tinker_local.engine.commands:export_main",
-        "merge a LoRA checkpoint into a full Hugging Face model folder",
-    ),
-    "rl": ("tinker_local.rl.cli:main", "RL training (GRPO/PPO) on a task"),
-    "tasks": ("tinker_local.tasks.registry:list_main", "list the built-in tasks"),
-    "sft": ("tinker_local.sl.cli:main", "supervised fine-tuning on chat or prompt/completion JSONL"),
-    "collect": ("tinker_local.sl.collect:main", "write SFT data from the task suite"),
-    "pipeline": (
-        "tinker_local.sl.pipeline:main",
-        "SFT, then RL from the SFT checkpoint, then eval of base/SFT/RL side by side",
-    ),
-    "eval": ("tinker_local.eval.cli:main", "evaluate checkpoints on tasks with Jeffreys intervals"),
-}
+from tinker_local.apps.cli import SUBCOMMANDS, apply_sampler_option, main
 
-
-# Commands that start an engine and so accept `--sampler {builtin,vllm}`.
-SAMPLER_COMMANDS = ("serve", "run")
-SAMPLER_HELP = (
-    "  --sampler {builtin,vllm}  sampling backend (default builtin; env TINKER_LOCAL_SAMPLER);\n"
-    "                            vllm needs vLLM installed, see the README"
-)
-
-
-def apply_sampler_option(argv: list[str], options_need_separator: bool = False) -> list[str]:
-    """Take `--sampler NAME` / `--sampler=NAME` out of `argv` into TINKER_LOCAL_SAMPLER (which
-    `EngineApi.real` reads), so the subcommand's own parser never sees it. Only options before
-    a "--" are looked at (for `run`, whose options all precede "--", none without one). For
-    "vllm", check now that vLLM is installed (RuntimeError with the install hint); ValueError
-    for a bad value."""
-    import os
-
-    from tinker_local import config
-
-    end = argv.index("--") if "--" in argv else (0 if options_need_separator else len(argv))
-    rest: list[str] = []
-    chosen: str | None = None
-    args = iter(argv[:end])
-    for arg in args:
-        if arg == "--sampler":
-            chosen = next(args, None)
-            if chosen is None:
-                raise ValueError("--sampler needs a value: builtin or vllm")
-        elif arg.startswith("--sampler="):
-            chosen = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-        if arg in ("-h", "--help"):
-            print(f"tinker-local option (before the command's own):\n{SAMPLER_HELP}\n")
-    rest += argv[end:]
-    backend = config.sampler_backend(chosen)
-    if backend == "vllm":
-        from tinker_local.engine.vllm_sampler import check_installed
-
-        check_installed()
-    os.environ[config.SAMPLER_ENV] = backend
-    return rest
-
-
-def _usage() -> str:
-    lines = ["usage: tinker-local COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(f"tinker-local: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    if name in SAMPLER_COMMANDS:
-        try:
-            rest = apply_sampler_option(rest, options_need_separator=name == "run")
-        except (ValueError, RuntimeError) as error:
-            print(f"tinker-local {name}: error: {error}", file=sys.stderr)
-            return 2
-    module_name, func_name = SUBCOMMANDS[name][0].split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
-
+__all__ = ["SUBCOMMANDS", "apply_sampler_option", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import tinker
 
+import tinker_local
 from tinker_local import config
 from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
@@ -67,7 +68,7 @@ def test_reward_rises_on_the_tiny_model(tmp_path):
         eval_every=0,
         save_every=0,
     )
-    run(cfg, lambda tok: (Data(4), None))
+    run(cfg, lambda tok: (Data(4), None), service_client=tinker_local.ServiceClient())
     train = [r for r in _rows(cfg.log_dir) if "reward/mean" in r]
     early = sum(r["reward/mean"] for r in train[:3]) / 3
     late = sum(r["reward/mean"] for r in train[-3:]) / 3

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tinker
 
+import tinker_local
 from tinker_local import config
 from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
@@ -87,7 +88,7 @@ def test_gae_ppo_learns_a_two_turn_world(tmp_path):
         eval_every=0,
         save_every=0,
     )
-    run(cfg, lambda tok: (Data(), None))
+    run(cfg, lambda tok: (Data(), None), service_client=tinker_local.ServiceClient())
     rows = [json.loads(x) for x in Path(cfg.log_dir, "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "reward/mean" in r]
     rewards = [round(r["reward/mean"], 3) for r in train]
@@ -120,11 +121,16 @@ def test_gae_run_pauses_and_resumes_with_its_value_model(tmp_path):
         eval_every=0,
         save_every=0,
     )
-    first = run(cfg, lambda tok: (Data(1, 2), None), stop_after_steps=1)
+    first = run(
+        cfg,
+        lambda tok: (Data(1, 2), None),
+        service_client=tinker_local.ServiceClient(),
+        stop_after_steps=1,
+    )
     assert first.steps_done == 1
     paused = checkpoints.last_record(cfg.log_dir)
     assert not paused.final and paused.value_state_path
-    second = run(cfg, lambda tok: (Data(1, 2), None))
+    second = run(cfg, lambda tok: (Data(1, 2), None), service_client=tinker_local.ServiceClient())
     assert second.steps_done == 2
     records = checkpoints.read_records(cfg.log_dir)
     assert [r.step for r in records] == [1, 2]

@@ -84,7 +84,7 @@ def test_collection_file_is_sft_data_and_counts_rejections(tmp_path):
 
 
 def test_collect_command_on_real_tasks(tmp_path, capsys):
-    from tinker_local.sl.collect import main
+    from tinker_local.apps.collect import main
 
     out = tmp_path / "data.jsonl"
     assert main(["arithmetic", "grid", "--out", str(out), "-n", "3"]) == 0

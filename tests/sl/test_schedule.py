@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from tinker_local.sl.schedule import WarmupCosine, warmup_steps_for
+from tinker_local.schedule import WarmupCosine, warmup_steps_for
 
 
 def test_shape_warmup_peak_cosine_floor():

@@ -7,12 +7,12 @@ import importlib
 
 import pytest
 
+from tinker_local.apps.tasks import main as list_main
 from tinker_local.rl.types import SingleTurnProblem, TextWorld
 from tinker_local.tasks.registry import (
     TASKS,
     describe,
     get_task,
-    list_main,
     make_dataset,
     task_kind,
 )

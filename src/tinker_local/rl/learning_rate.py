@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinker_local.sl.schedule import WarmupCosine
+import tinker
+
+from tinker_local.schedule import WarmupCosine
 
 BASE_LR = 5e-5
 LORA_MULTIPLIER = 10.0
@@ -82,3 +84,15 @@ def scheduled_learning_rate(config: Any, peak: float, step: int) -> float:
         return peak
     schedule = WarmupCosine(peak, config.max_steps, min_ratio=config.lr_min_ratio)
     return schedule(min(step, config.max_steps - 1))
+
+
+def adam_params(config: Any, learning_rate: float) -> tinker.AdamParams:
+    """AdamW at `learning_rate` with `config`'s betas, eps, weight decay and gradient clipping."""
+    return tinker.AdamParams(
+        learning_rate=learning_rate,
+        beta1=config.beta1,
+        beta2=config.beta2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )

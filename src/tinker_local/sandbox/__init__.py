@@ -9,10 +9,15 @@ optional Docker backend (`isolation="docker"`, container.py) where a daemon answ
 """
 
 from tinker_local.sandbox.cgroups import detect_memory_cgroup
+from tinker_local.sandbox.config import SandboxConfig
 from tinker_local.sandbox.container import SandboxUnavailable
-from tinker_local.sandbox.isolation import detect_isolation
 from tinker_local.sandbox.result import SandboxResult
-from tinker_local.sandbox.runner import SandboxConfig, run_python, run_python_sync, set_concurrency
+from tinker_local.sandbox.runner import (
+    detect_isolation,
+    run_python,
+    run_python_sync,
+    set_concurrency,
+)
 
 __all__ = [
     "SandboxConfig",

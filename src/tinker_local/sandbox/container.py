@@ -16,12 +16,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tinker_local.sandbox.runner import SandboxConfig
+from tinker_local.sandbox.config import SandboxConfig
 
-DEFAULT_IMAGE = "python:3.11-slim"
 _IMAGE_READ_ROOTS = ["/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/dev/random", "/dev/zero"]
 
 

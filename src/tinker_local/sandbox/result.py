@@ -5,10 +5,8 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tinker_local.sandbox.runner import SandboxConfig
+from tinker_local.sandbox.config import SandboxConfig
 
 SETUP_FAILED = 125  # the launcher's exit code when the sandbox could not be set up
 _GUARD_DENIAL = re.compile(r"sandbox: (.+?) is not allowed")

@@ -24,20 +24,19 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from tinker_local.sandbox.cgroups import RunCgroup, detect_memory_cgroup
+from tinker_local.sandbox.config import SandboxConfig
 from tinker_local.sandbox.container import (
-    DEFAULT_IMAGE,
     container_user,
     docker_command,
     finish_container,
     guard_config,
     require_docker,
 )
-from tinker_local.sandbox.isolation import detect_isolation
 from tinker_local.sandbox.result import SandboxResult, interpret
 
 _HERE = Path(__file__).resolve().parent
@@ -46,25 +45,6 @@ _GUARD_SOURCE = (_HERE / "guard.py").read_text()
 # Unprivileged uids for sandboxed programs (only used when we are root). One per concurrent run
 # of this process, so RLIMIT_NPROC, which counts per uid, is a per-sandbox limit.
 _UID_BASE = 0x30000 + (os.getpid() % 4096) * 64
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    timeout_s: float = 10.0  # wall clock, then the whole process group is killed
-    cpu_s: int | None = None  # RLIMIT_CPU; default: the wall-clock timeout rounded up, plus 1
-    memory_bytes: int = 1 << 30  # RLIMIT_AS
-    max_processes: int = 8  # RLIMIT_NPROC (threads count too)
-    file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE
-    disk_bytes: int = 64 << 20  # size of the tmpfs working folder and /tmp (namespace mode)
-    max_output_bytes: int = 1 << 20  # per stream; more is a failure ("output limit")
-    allow_subprocess: bool = False  # the Python guard refuses fork/exec/system unless True
-    python_guard: bool = True  # the audit-hook layer (always on in "plain" mode)
-    isolation: str = "auto"  # "auto" | "namespace" | "plain" | "docker" (never picked by auto)
-    nice: int = 10
-    # Whole-run memory cap (all processes + tmpfs files) via a memory cgroup when available;
-    # None: memory_bytes; 0: off. Docker: the container's --memory.
-    run_memory_bytes: int | None = None
-    docker_image: str = DEFAULT_IMAGE
 
 
 _lock = threading.Lock()
@@ -224,6 +204,31 @@ def _collect(proc: subprocess.Popen, cfg: SandboxConfig) -> tuple[bytes, bytes, 
     _kill_group(proc.pid)  # before reaping: the group id stays ours until then
     proc.wait()
     return bytes(buffers[proc.stdout]), bytes(buffers[proc.stderr]), timed_out, exceeded
+
+
+@functools.lru_cache(maxsize=1)
+def detect_isolation() -> str:
+    """The strongest isolation this machine allows ("auto"), decided once per process:
+    "namespace" when we are root on Linux and a probe run works there, else "plain".
+
+    `TINKER_LOCAL_SANDBOX_ISOLATION` forces one. The probe costs one short run (~0.1 s).
+    """
+    forced = os.environ.get("TINKER_LOCAL_SANDBOX_ISOLATION")
+    if forced:
+        return forced
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "plain"
+    probe = run_python_sync(
+        "print('ok')", config=SandboxConfig(timeout_s=20, isolation="namespace")
+    )
+    if probe.ok and probe.stdout.strip() == "ok":
+        return "namespace"
+    warnings.warn(
+        f"sandbox: namespaces unavailable ({probe.reason}); using plain isolation "
+        "(rlimits, unprivileged uid, Python audit hook)",
+        stacklevel=2,
+    )
+    return "plain"
 
 
 def run_python_sync(

@@ -1,4 +1,4 @@
-"""`tinker-local collect`: SFT data from the task suite, checked by the tasks' own verifiers.
+"""SFT data from the task suite, checked by the tasks' own verifiers (`tinker-local collect`).
 
 - single-turn problems (SAT, abduction/deduction programs, arithmetic, ...): the problem's
   messages plus its `reference_answer()` as the assistant turn, kept only when the problem's own
@@ -13,9 +13,7 @@ Output: chat JSONL (`{"messages": [...], "task": ..., "reward": ...}`), ready fo
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,32 +103,3 @@ def write_collection(tasks: Mapping[str, Sequence[Any]], out: Path) -> dict[str,
         }
         for task in tasks
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tinker_local.eval.task_items import load_items
-
-    parser = argparse.ArgumentParser(
-        prog="tinker-local collect", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("tasks", nargs="+", help="task names (see `tinker-local tasks`)")
-    parser.add_argument("--out", required=True, type=Path, help="JSONL file to write")
-    parser.add_argument("-n", "--n", type=int, default=200, help="items per task (default 200)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        items = {
-            name: load_items(name, args.n, split="train", seed=args.seed) for name in args.tasks
-        }
-    except (KeyError, ValueError, OSError) as e:
-        print(f"tinker-local collect: {e}", file=sys.stderr)
-        return 2
-    counts = write_collection(items, args.out)
-    for task, c in counts.items():
-        line = f"{task}: kept {c['kept']}, rejected {c['rejected']}"
-        if c["reasons"]:
-            line += " (" + "; ".join(f"{n}x {r}" for r, n in c["reasons"].items()) + ")"
-        print(line)
-    total = sum(c["kept"] for c in counts.values())
-    print(f"wrote {total} conversations to {args.out}")
-    return 0 if total else 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import tinker
 
+from tinker_local.schedule import WarmupCosine, warmup_steps_for
 from tinker_local.sl.config import SFTConfig, check_resumable
 from tinker_local.sl.data import (
     DataError,
@@ -29,7 +30,6 @@ from tinker_local.sl.data import (
     train_val_split,
 )
 from tinker_local.sl.run_state import Checkpoint, LogDir, RunState, write_json_atomically
-from tinker_local.sl.schedule import WarmupCosine, warmup_steps_for
 
 
 @dataclass

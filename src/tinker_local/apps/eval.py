@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tinker_local.apps.connect import service_client
 from tinker_local.eval.report import (
     ModelEval,
     Transcript,
@@ -21,6 +22,7 @@ from tinker_local.eval.report import (
     write_report,
 )
 from tinker_local.eval.runner import EvalConfig, evaluate_models
+from tinker_local.eval.task_items import load_items
 
 
 def parse_model(spec: str) -> tuple[str, str]:
@@ -78,15 +80,12 @@ def main(argv: list[str] | None = None) -> int:
 
     transcripts: list[Transcript] = []
     if models:
-        from tinker_local.eval.task_items import load_items
-        from tinker_local.sl.connect import connect
-
         try:
             items = {t: load_items(t, args.n, split=args.split, seed=args.seed) for t in args.tasks}
         except (KeyError, ValueError, OSError) as e:
             print(f"tinker-local eval: {e}", file=sys.stderr)
             return 2
-        new, transcripts = evaluate_models(connect(args.base_url), models, items, config)
+        new, transcripts = evaluate_models(service_client(args.base_url), models, items, config)
         results += new
     try:
         paths = write_report(args.out, results, transcripts)

@@ -1,4 +1,5 @@
-"""Learning-rate schedule: linear warm-up, then cosine decay to a minimum ratio of the peak."""
+"""Learning-rate schedule shared by SFT and RL: linear warm-up, then cosine decay to a minimum
+ratio of the peak."""
 
 from __future__ import annotations
 

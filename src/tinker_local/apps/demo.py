@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
 from tinker_local.config import DEFAULT_BASE_MODEL
-from tinker_local.rl.cli import quiet_sdk_polling_logs
+from tinker_local.eval.stats import jeffreys_interval
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks import arithmetic
@@ -71,8 +72,6 @@ def _answers(log_dir: Path, step: int) -> list[tuple[str, str]]:
 
 
 def report(result: TrainResult, seconds: float) -> str:
-    from tinker_local.eval.stats import jeffreys_interval
-
     log_dir = Path(result.log_dir)
     evals = _eval_rows(log_dir)
     lines = [f"RL demo: {DEFAULT_BASE_MODEL}, two-digit addition, {seconds / 60:.1f} min"]
@@ -97,7 +96,7 @@ def report(result: TrainResult, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tinker-local demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tinker_local.apps.demo", description=__doc__)
     parser.add_argument("--log-dir", default=None, help="default runs/rl-demo-seed<seed>")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_sdk_polling_logs()
     started = time.perf_counter()
-    result = run(cfg, datasets, on_step=show)
+    result = run(cfg, datasets, service_client=service_client(), on_step=show)
     print(report(result, time.perf_counter() - started))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tinker_local import config
-from tinker_local.eval.cli import main, parse_model
+from tinker_local.apps.eval import main, parse_model
 
 
 def test_parse_model():

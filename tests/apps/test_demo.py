@@ -1,6 +1,6 @@
 import json
 
-from tinker_local.rl.demo import demo_config, report
+from tinker_local.apps.demo import demo_config, report
 from tinker_local.rl.train import TrainResult
 
 
@@ -45,3 +45,19 @@ def test_demo_recipe_is_the_measured_one(tmp_path):
     assert (cfg.temperature, cfg.top_k, cfg.learning_rate) == (1.0, 50, 5e-4)
     assert not cfg.normalize_advantages_by_std and cfg.lr_schedule == "cosine" and cfg.seed == 1
     assert cfg.eval_every == 0  # before the first and after the last step only
+
+
+def test_make_run_entry_point_parses_its_flags():
+    """`make run` calls `python -m tinker_local.apps.demo`; --help must work without a server."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tinker_local.apps.demo", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert all(flag in done.stdout for flag in ("--steps", "--seed", "--learning-rate"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import logging
 import sys
@@ -20,33 +19,20 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import TrainResult, run
-
-# name -> "module:factory"; the factories take (tokenizer, *, split, batch_size, group_size,
-# seed, **task options) and return an RLDataset.
-BUILTIN_TASKS = {
-    "arithmetic": "tinker_local.tasks.arithmetic:make_dataset",
-    "gsm8k": "tinker_local.tasks.gsm8k:make_dataset",
-}
+from tinker_local.tasks import registry
 
 
 def task_factory(name: str) -> Callable[..., Any]:
-    """The dataset factory of task `name`: from `tinker_local.tasks.registry` when it has one
-    (`registry.make_dataset(name, tokenizer, ...)`), else the built-in arithmetic/gsm8k."""
-    try:
-        registry = importlib.import_module("tinker_local.tasks.registry")
-    except ImportError:
-        registry = None
-    if registry is not None and hasattr(registry, "make_dataset"):
-        known = set(getattr(registry, "TASKS", {})) | {"debate"}
-        if name not in known:
-            raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(known)})")
-        return lambda tokenizer, **kw: registry.make_dataset(name, tokenizer, **kw)
-    if name not in BUILTIN_TASKS:
-        raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(BUILTIN_TASKS)})")
-    module, func = BUILTIN_TASKS[name].split(":")
-    return getattr(importlib.import_module(module), func)
+    """The dataset factory of task `name` (a task or a paradigm of the registry): it takes
+    (tokenizer, *, split, batch_size, group_size, seed, **task options) and returns an
+    RLDataset."""
+    known = set(registry.TASKS) | set(registry.PARADIGMS)
+    if name not in known:
+        raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(known)})")
+    return lambda tokenizer, **kw: registry.make_dataset(name, tokenizer, **kw)
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -117,20 +103,6 @@ def config_from_args(args: argparse.Namespace) -> RLConfig:
     return RLConfig.from_dict(settings)
 
 
-def _service_client(base_url: str | None) -> Any:
-    if base_url:
-        import os
-
-        import tinker
-
-        from tinker_local.config import LOCAL_API_KEY
-
-        return tinker.ServiceClient(
-            base_url=base_url, api_key=os.environ.get("TINKER_API_KEY", LOCAL_API_KEY)
-        )
-    return None  # train() starts the embedded server
-
-
 def datasets_for(task: str, cfg: RLConfig, options: dict[str, Any]):
     factory = task_factory(task)
 
@@ -143,20 +115,13 @@ def datasets_for(task: str, cfg: RLConfig, options: dict[str, Any]):
     return make
 
 
-def quiet_sdk_polling_logs() -> None:
-    """The SDK warns on every long-poll that comes back `try_again`; against a server that
-    long-polls on purpose (tinker-local) that is expected, and hundreds of lines would bury the
-    progress output."""
-    logging.getLogger("tinker.lib.api_future_impl").setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     quiet_sdk_polling_logs()
     cfg = config_from_args(args)
     make = datasets_for(args.task, cfg, dict(args.task_option))
-    client = _service_client(args.base_url)
+    client = service_client(args.base_url)
     if args.no_progress or not sys.stderr.isatty():
         result = run(
             cfg,
@@ -166,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             on_step=_print_step,
         )
     else:
-        from tinker_local.rl.progress import ProgressDisplay
+        from tinker_local.apps.progress import ProgressDisplay
 
         with ProgressDisplay(cfg.max_steps) as progress:
             result = run(

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tinker_local.rl import cli
+from tinker_local.apps import rl as cli
 from tinker_local.tasks import arithmetic
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tinker_local.sl.cli import build_parser, config_from_args, main
+from tinker_local.apps.sft import build_parser, config_from_args, main
 
 
 def test_flags_override_config_file(tmp_path):

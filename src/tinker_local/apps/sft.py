@@ -15,6 +15,7 @@ import types
 import typing
 from typing import Any
 
+from tinker_local.apps.connect import service_client
 from tinker_local.sl.config import SFTConfig, load_config_file
 
 # Fields set by positional arguments or needing special handling.
@@ -82,10 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"tinker-local sft: {e}", file=sys.stderr)
         return 2
-    from tinker_local.sl.connect import connect
-    from tinker_local.sl.train import train
+    from tinker_local.sl.train import train  # after parsing: bad flags fail fast
 
-    result = train(config, connect(args.base_url), stop_after_steps=args.stop_after_steps)
+    result = train(config, service_client(args.base_url), stop_after_steps=args.stop_after_steps)
     status = "finished" if result.finished else "paused (run again to resume)"
     print(f"SFT {status} after {result.steps} steps; log dir {result.log_dir}")
     if result.best is not None:

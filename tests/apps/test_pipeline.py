@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from tinker_local import config
+from tinker_local.apps.pipeline import PipelineConfig, run_pipeline
 from tinker_local.rl import checkpoints
-from tinker_local.sl.pipeline import PipelineConfig, run_pipeline
 
 
 def test_pipeline_end_to_end(tmp_path):

@@ -1,7 +1,7 @@
 """The two-stage recipe in one command: (collect) -> SFT -> RL from the SFT checkpoint -> evaluate
 base, SFT and RL side by side.
 
-    python -m tinker_local.sl.pipeline --config pipeline.json [--base-url URL]
+    tinker-local pipeline --config pipeline.json [--base-url URL]
 
 pipeline.json (every section but `log_dir` optional; unknown keys are errors):
 
@@ -31,10 +31,14 @@ from typing import Any
 
 import tinker
 
+from tinker_local.apps.connect import service_client
+from tinker_local.apps.rl import datasets_for
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import ModelEval, markdown_table, write_report
 from tinker_local.eval.runner import EvalConfig, evaluate_models
 from tinker_local.eval.task_items import load_items
+from tinker_local.rl.config import RLConfig
+from tinker_local.rl.train import run as train_rl
 from tinker_local.sl.collect import write_collection
 from tinker_local.sl.config import SFTConfig
 from tinker_local.sl.train import train as train_sft
@@ -110,10 +114,6 @@ def run_collect(cfg: PipelineConfig) -> Path | None:
 
 def run_rl(cfg: PipelineConfig, service: tinker.ServiceClient, sft_state_path: str) -> str:
     """RL from the SFT weights; returns the final RL sampler path."""
-    from tinker_local.rl.cli import datasets_for
-    from tinker_local.rl.config import RLConfig
-    from tinker_local.rl.train import run
-
     assert cfg.rl is not None
     settings = dict(cfg.rl)
     task = settings.pop("task")
@@ -128,7 +128,9 @@ def run_rl(cfg: PipelineConfig, service: tinker.ServiceClient, sft_state_path: s
             "load_checkpoint_path": sft_state_path,
         }
     )
-    result = run(rl_config, datasets_for(task, rl_config, dict(options)), service_client=service)
+    result = train_rl(
+        rl_config, datasets_for(task, rl_config, dict(options)), service_client=service
+    )
     if result.final_sampler_path is None:
         raise RuntimeError(f"RL run in {rl_config.log_dir} ended without sampler weights")
     return result.final_sampler_path
@@ -166,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"tinker-local pipeline: {e}", file=sys.stderr)
         return 2
-    from tinker_local.sl.connect import connect
-
-    results = run_pipeline(cfg, connect(args.base_url))
+    results = run_pipeline(cfg, service_client(args.base_url))
     print(markdown_table(results))
     print(f"reports in {cfg.root / 'eval'}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinker_local.sl.pipeline import PipelineConfig, main
+from tinker_local.apps.pipeline import PipelineConfig, main
 
 
 def test_sections_become_stage_configs(tmp_path):

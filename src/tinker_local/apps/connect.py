@@ -1,0 +1,33 @@
+"""The service client every command uses: a server embedded in this process unless a URL is
+given. The one place above the libraries that decides where a client comes from."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from tinker_local.config import LOCAL_API_KEY
+
+if TYPE_CHECKING:
+    import tinker
+
+
+def service_client(base_url: str | None = None) -> tinker.ServiceClient:
+    """An official `tinker.ServiceClient`: bound to `base_url` (a running tinker-local server, or
+    the hosted service with `TINKER_API_KEY`), or to a server embedded in this process."""
+    if base_url:
+        import tinker  # here, not at the top: `--help` and flag errors stay instant
+
+        api_key = os.environ.get("TINKER_API_KEY", LOCAL_API_KEY)
+        return tinker.ServiceClient(base_url=base_url, api_key=api_key)
+    from tinker_local.embedded import ServiceClient
+
+    return ServiceClient()
+
+
+def quiet_sdk_polling_logs() -> None:
+    """The SDK warns on every long-poll that comes back `try_again`; against a server that
+    long-polls on purpose (tinker-local) that is expected, and hundreds of lines would bury the
+    progress output."""
+    logging.getLogger("tinker.lib.api_future_impl").setLevel(logging.ERROR)

@@ -1,0 +1,111 @@
+"""Where an RL run starts, and its checkpoints.
+
+A run resumes from the last checkpoint recorded in its log directory (`checkpoints.jsonl`,
+weights + optimizer, and the data position); a new run starts from another run's weights
+(`load_checkpoint_path`, fresh optimizer) or from a fresh LoRA adapter. Checkpoints are
+`save_state`s (plus sampler weights for the final one, and the critic's state under GAE),
+each recorded as one line of `checkpoints.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tinker_local.rl import checkpoints
+from tinker_local.rl.checkpoints import CheckpointRecord
+from tinker_local.rl.config import RLConfig
+from tinker_local.rl.critic import Critic
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunStart:
+    training_client: Any
+    config: RLConfig  # with the loaded checkpoint's LoRA rank, when starting from one
+    step: int
+    data_cursor: int
+
+
+def is_finished(record: CheckpointRecord | None, config: RLConfig) -> bool:
+    """Whether the log directory's last checkpoint already ends a run of `config.max_steps`."""
+    return record is not None and record.final and record.step >= config.max_steps
+
+
+async def start_run(
+    service_client: Any, config: RLConfig, record: CheckpointRecord | None
+) -> RunStart:
+    """The policy's training client and the step to start at: resumed from `record` (the log
+    directory's last checkpoint), else from `config.load_checkpoint_path`, else fresh."""
+    if record is not None:
+        if record.base_model and record.base_model != config.base_model:
+            raise ValueError(
+                f"{config.log_dir} holds a run of {record.base_model!r}, not "
+                f"{config.base_model!r}; use another log_dir to start a new run"
+            )
+        logger.info("resuming %s from step %d (%s)", config.log_dir, record.step, record.state_path)
+        client = await service_client.create_training_client_from_state_with_optimizer(
+            record.state_path
+        )
+        return RunStart(client, config, record.step, record.data_cursor)
+    if config.load_checkpoint_path:
+        client, config = await _start_from_checkpoint(service_client, config)
+        return RunStart(client, config, 0, 0)
+    client = await service_client.create_lora_training_client(
+        base_model=config.base_model, rank=config.lora_rank, seed=config.seed
+    )
+    return RunStart(client, config, 0, 0)
+
+
+async def _start_from_checkpoint(service_client: Any, config: RLConfig) -> tuple[Any, RLConfig]:
+    """A training client holding the weights of `config.load_checkpoint_path`, with fresh Adam
+    moments (an SFT optimizer's moments belong to another objective), and the config with the
+    checkpoint's LoRA rank."""
+    path = config.load_checkpoint_path
+    logger.info("starting from the weights of %s (fresh optimizer)", path)
+    client = await service_client.create_training_client_from_state(path)
+    info = client.get_info()
+    loaded_base = info.model_data.model_name
+    if loaded_base and loaded_base != config.base_model:
+        raise ValueError(
+            f"load_checkpoint_path {path} holds a {loaded_base!r} adapter, but base_model is "
+            f"{config.base_model!r}"
+        )
+    if info.lora_rank and info.lora_rank != config.lora_rank:
+        logger.info("lora_rank %d of %s replaces %d", info.lora_rank, path, config.lora_rank)
+        config = dataclasses.replace(config, lora_rank=info.lora_rank)
+    return client, config
+
+
+async def save_checkpoint(
+    config: RLConfig,
+    training_client: Any,
+    critic: Critic | None,
+    *,
+    step: int,
+    data_cursor: int,
+    final: bool,
+) -> CheckpointRecord:
+    """Save the policy (and the critic) after `step` steps and record it; the final checkpoint
+    also saves sampler weights."""
+    name = "final" if final else f"step-{step:06d}"
+    state = await training_client.save_state(name)
+    sampler_path = None
+    if final:
+        sampler_path = (await training_client.save_weights_for_sampler(name)).path
+    value_state_path = await critic.save(name) if critic is not None else None
+    record = CheckpointRecord(
+        step=step,
+        state_path=state.path,
+        data_cursor=data_cursor,
+        sampler_path=sampler_path,
+        final=final,
+        base_model=config.base_model,
+        lora_rank=config.lora_rank,
+        value_state_path=value_state_path,
+    )
+    checkpoints.append_record(config.log_dir, record)
+    return record

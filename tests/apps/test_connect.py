@@ -1,0 +1,23 @@
+"""The one client-connection helper every command uses: a given URL, else the embedded server."""
+
+from __future__ import annotations
+
+import tinker
+
+from tinker_local import config
+from tinker_local.apps.connect import service_client
+
+
+def test_base_url_and_embedded_reach_the_same_server(monkeypatch):
+    from tinker_local.embedded import embedded_server
+
+    server = embedded_server()
+    monkeypatch.setenv("TINKER_API_KEY", config.LOCAL_API_KEY)
+    by_url = service_client(server.base_url)
+    embedded = service_client(None)
+    assert isinstance(by_url, tinker.ServiceClient) and isinstance(embedded, tinker.ServiceClient)
+    # A checkpoint saved through one client loads through the other: one server.
+    trainer = by_url.create_lora_training_client(base_model=config.TINY_TEST_MODEL, rank=2).result()
+    path = trainer.save_state("connect").result().path
+    restored = embedded.create_training_client_from_state(path).result()
+    assert restored.get_info().model_data.model_name == config.TINY_TEST_MODEL
