@@ -20,7 +20,7 @@ from tinker_local.engine.errors import EngineError
 from tinker_local.engine.logprobs import Sequence, sequence_logprobs
 from tinker_local.engine.models import load_base
 from tinker_local.engine.packing import plan_packed_rows
-from tinker_local.engine.sampler import GenRequest, Sampler
+from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop
 
 FAMILIES = list(builtin.TINY_FAMILY_MODELS)
 MOE = {builtin.TINY_QWEN3_MOE, builtin.TINY_GPT_OSS}
@@ -123,6 +123,29 @@ def test_sampler_logprobs_equal_a_teacher_forced_forward(family):
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
     outs = sampler.generate([GenRequest(_tokens(10, 9), greedy, adapter_name=a) for a in adapters])
     assert len({tuple(o.sequences[0].tokens) for o in outs}) == 3
+
+
+def test_requests_joining_a_running_batch_stay_exact(family):
+    """Continuous batching: rows join a decode batch whose cache columns have moved on (the
+    server's path); their window still counts from their own tokens."""
+    name, _, pool, sampler = family
+    first = GenRequest(_tokens(4, 1), types.SamplingParams(max_tokens=16, seed=1, stop=[]),
+                       num_samples=2, adapter_name=pool.adapter_name("a"))
+    late = GenRequest(_tokens(15, 2), types.SamplingParams(max_tokens=8, seed=2, stop=[]))
+    loop = SamplerLoop(sampler)
+    futures = [loop.submit(first)]
+    for _ in range(5):
+        loop.step()
+    futures.append(loop.submit(late))
+    loop.run_until_idle()
+    keys = {None: None, pool.adapter_name("a"): "a"}
+    for req, future in zip((first, late), futures, strict=True):
+        for seq in future.result().sequences:
+            expected = _teacher_forced(pool, keys[req.adapter_name], req.prompt + seq.tokens)
+            got = torch.tensor(seq.logprobs)
+            error = float((got - expected[len(req.prompt) - 1 :]).abs().max())
+            MEASURED[name] = max(MEASURED.get(name, 0.0), error)
+            assert error < TOL, error
 
 
 def test_shared_prefix_rows_train_exactly_like_separate_rows(family):

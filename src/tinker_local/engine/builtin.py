@@ -208,7 +208,12 @@ def build_tiny_family(name: str, dest: Path) -> None:
     model.generation_config.pad_token_id = settings["pad_token_id"]
     model.config._name_or_path = name
     model.save_pretrained(dest)
-    tokenizer = load_qwen3_tokenizer() if tokenizer_kind == "qwen3" else load_smollm2_tokenizer()
+    if tokenizer_kind == "qwen3":
+        tokenizer = load_qwen3_tokenizer()
+    else:  # tiny-llama's saved copy: parsing the GGUF again would cost seconds
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(ensure_built(config.TINY_TEST_MODEL))
     _tidy_tokenizer(tokenizer, model_config.max_position_embeddings).save_pretrained(dest)
 
 
