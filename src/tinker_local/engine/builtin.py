@@ -193,9 +193,13 @@ def build_tiny_llama(dest: Path) -> None:
 
 def build_tiny_family(name: str, dest: Path) -> None:
     """A random 2-layer model of another family (`TINY_FAMILY_MODELS`), seeded like tiny-llama."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
+    if tokenizer_kind == "qwen3":  # first: a missing package fails before any work
+        tokenizer = load_qwen3_tokenizer()
+    else:  # tiny-llama's saved copy: parsing the GGUF again would cost seconds
+        tokenizer = AutoTokenizer.from_pretrained(ensure_built(config.TINY_TEST_MODEL))
     model_config = AutoConfig.for_model(model_type, **settings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
@@ -208,12 +212,6 @@ def build_tiny_family(name: str, dest: Path) -> None:
     model.generation_config.pad_token_id = settings["pad_token_id"]
     model.config._name_or_path = name
     model.save_pretrained(dest)
-    if tokenizer_kind == "qwen3":
-        tokenizer = load_qwen3_tokenizer()
-    else:  # tiny-llama's saved copy: parsing the GGUF again would cost seconds
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(ensure_built(config.TINY_TEST_MODEL))
     _tidy_tokenizer(tokenizer, model_config.max_position_embeddings).save_pretrained(dest)
 
 
