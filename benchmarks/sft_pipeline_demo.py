@@ -58,7 +58,7 @@ def main() -> None:
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     (Path(args.log_dir) / "pipeline.json").write_text(json.dumps(settings, indent=2) + "\n")
 
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     results = run_pipeline(PipelineConfig.from_dict(settings), ServiceClient())
     print(markdown_table(results))

@@ -9,7 +9,7 @@ from tinker_local.apps.connect import service_client
 
 
 def test_base_url_and_embedded_reach_the_same_server(monkeypatch):
-    from tinker_local.embedded import embedded_server
+    from tinker_local.apps.embedded import embedded_server
 
     server = embedded_server()
     monkeypatch.setenv("TINKER_API_KEY", config.LOCAL_API_KEY)

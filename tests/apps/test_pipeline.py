@@ -10,7 +10,7 @@ from tinker_local.rl import checkpoints
 
 
 def test_pipeline_end_to_end(tmp_path):
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     cfg = PipelineConfig.from_dict(
         {

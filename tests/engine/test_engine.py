@@ -10,7 +10,7 @@ from tinker_local import config
 from tinker_local.engine import forward_backward as forward_backward_module
 from tinker_local.engine.contract import ForwardBackwardCall, SamplingRequest
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
-from tinker_local.engine.sampling.service import sample_all
+from tinker_local.engine.sampling_service import sample_all
 
 TINY = config.TINY_TEST_MODEL
 GREEDY = types.SamplingParams(max_tokens=5, temperature=0.0)

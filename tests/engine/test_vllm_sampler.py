@@ -27,7 +27,7 @@ from tinker_local.engine import vllm_sampler
 from tinker_local.engine.contract import SamplingRequest
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 from tinker_local.engine.factory import engine_factory
-from tinker_local.engine.sampling.service import sample_all
+from tinker_local.engine.sampling_service import sample_all
 from tinker_local.engine.vllm_sampler import VllmSampling, VllmUnavailableError
 
 TINY = config.TINY_TEST_MODEL

@@ -30,7 +30,7 @@ class GuessWorld(TextWorld):
 
 @pytest.fixture(scope="module")
 def service():
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
 

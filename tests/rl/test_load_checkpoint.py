@@ -58,7 +58,7 @@ def _config(tmp_path, **overrides) -> RLConfig:
 
 
 def test_rl_starts_from_the_checkpoint_weights_with_its_rank(tmp_path):
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     service = ServiceClient()
     start = _trained_checkpoint(service)
@@ -80,7 +80,7 @@ def test_rl_starts_from_the_checkpoint_weights_with_its_rank(tmp_path):
 
 
 def test_checkpoint_of_another_base_model_is_refused(tmp_path):
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     service = ServiceClient()
     start = _trained_checkpoint(service)

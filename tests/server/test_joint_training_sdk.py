@@ -15,7 +15,7 @@ from tinker import types
 
 import tinker_local
 from tinker_local import config
-from tinker_local.embedded import embedded_server
+from tinker_local.apps.embedded import embedded_server
 
 SEEDS = (1, 2, 3)
 

@@ -22,9 +22,9 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.embedded import add_loopback_to_no_proxy
+from tinker_local.apps.embedded import add_loopback_to_no_proxy
 from tinker_local.engine import builtin
-from tinker_local.server.engine_api import EngineApi
+from tinker_local.engine.factory import engine_factory
 from tinker_local.server.runner import LocalServer
 from tinker_local.server.service import ServerSettings
 
@@ -60,7 +60,7 @@ def service(hub_cache: Path, checkpoints_root: Path) -> Iterator[tinker.ServiceC
     stopped at the end so its models leave memory."""
     settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0,
                               max_base_models=len(FAMILIES) + 1)
-    server = LocalServer(EngineApi.real(device="cpu", dtype="float32"), settings).start()
+    server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
     add_loopback_to_no_proxy()
     try:
         yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)

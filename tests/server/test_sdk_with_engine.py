@@ -16,7 +16,7 @@ from tinker import types
 
 import tinker_local
 from tinker_local import config
-from tinker_local.embedded import embedded_server
+from tinker_local.apps.embedded import embedded_server
 
 TINY = config.TINY_TEST_MODEL
 TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps again."

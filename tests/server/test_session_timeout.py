@@ -17,7 +17,7 @@ import tinker
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local import config
-from tinker_local.server.commands import serve_parser, serve_settings
+from tinker_local.apps.serve import serve_parser, serve_settings
 from tinker_local.server.runner import LocalServer
 from tinker_local.server.service import ServerSettings
 

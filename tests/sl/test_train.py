@@ -21,7 +21,7 @@ WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano"]
 
 @pytest.fixture(scope="module")
 def service():
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
 

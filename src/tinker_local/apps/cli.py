@@ -1,6 +1,4 @@
-"""`tinker-local` command line: a thin dispatcher over the commands in `tinker_local.apps`
-(`serve`/`run` and `models`/`export` still live in `server/commands.py` and
-`engine/commands.py`)."""
+"""`tinker-local` command line: a thin dispatcher over the commands in `tinker_local.apps`."""
 
 from __future__ import annotations
 
@@ -14,25 +12,25 @@ Main = Callable[[list[str]], "int | None"]
 
 
 def _serve() -> Main:
-    from tinker_local.server.commands import serve_main
+    from tinker_local.apps.serve import serve_main
 
     return serve_main
 
 
 def _run() -> Main:
-    from tinker_local.server.commands import run_main
+    from tinker_local.apps.serve import run_main
 
     return run_main
 
 
 def _models() -> Main:
-    from tinker_local.engine.commands import models_main
+    from tinker_local.apps.models import models_main
 
     return models_main
 
 
 def _export() -> Main:
-    from tinker_local.engine.commands import export_main
+    from tinker_local.apps.models import export_main
 
     return export_main
 
@@ -101,7 +99,7 @@ SAMPLER_HELP = (
 
 def apply_sampler_option(argv: list[str], options_need_separator: bool = False) -> list[str]:
     """Take `--sampler NAME` / `--sampler=NAME` out of `argv` into TINKER_LOCAL_SAMPLER (which
-    `EngineApi.real` reads), so the subcommand's own parser never sees it. Only options before
+    `engine.factory.engine_factory` reads), so the subcommand's own parser never sees it. Only options before
     a "--" are looked at (for `run`, whose options all precede "--", none without one). For
     "vllm", check now that vLLM is installed (RuntimeError with the install hint); ValueError
     for a bad value."""

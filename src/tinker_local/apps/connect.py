@@ -21,7 +21,7 @@ def service_client(base_url: str | None = None) -> tinker.ServiceClient:
 
         api_key = os.environ.get("TINKER_API_KEY", LOCAL_API_KEY)
         return tinker.ServiceClient(base_url=base_url, api_key=api_key)
-    from tinker_local.embedded import ServiceClient
+    from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
 

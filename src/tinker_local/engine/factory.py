@@ -14,7 +14,7 @@ from tinker_local import config
 from tinker_local.engine import vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.engine import Engine
-from tinker_local.engine.sampling.service import ContinuousSampling, SamplingFactory
+from tinker_local.engine.sampling_service import ContinuousSampling, SamplingFactory
 
 
 def engine_factory(

@@ -21,7 +21,7 @@ from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall, LoraSpec, SamplingRequest
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.models import resolve_model
-from tinker_local.engine.sampling.service import sample_all
+from tinker_local.engine.sampling_service import sample_all
 from tinker_local.engine.vllm_sampler import VllmSampling
 
 

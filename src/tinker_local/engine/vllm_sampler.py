@@ -58,7 +58,7 @@ from tinker_local.engine.contract import (
 )
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.sampling.params import ValidRequest
-from tinker_local.engine.sampling.service import (
+from tinker_local.engine.sampling_service import (
     ContinuousSampling,
     Prepared,
     Resolve,

@@ -12,7 +12,7 @@ import httpx
 import tinker
 
 from tinker_local import config
-from tinker_local.server.commands import child_environment
+from tinker_local.apps.serve import child_environment
 
 CLI = [sys.executable, "-m", "tinker_local.cli"]
 

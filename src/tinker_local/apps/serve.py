@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local import config
-from tinker_local.embedded import add_loopback_to_no_proxy
+from tinker_local.apps.embedded import add_loopback_to_no_proxy
 
 # The server modules (uvicorn, fastapi, the tinker SDK) are imported after the arguments are
 # parsed, so `--help` and usage errors answer at once.
