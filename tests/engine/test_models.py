@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from tinker_local import config
-from tinker_local.engine import builtin, commands, models
+from tinker_local.apps import models as commands
+from tinker_local.engine import builtin, models
 from tinker_local.engine.models import (
     InvalidModelFolderError,
     ModelNotFoundError,
