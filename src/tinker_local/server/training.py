@@ -18,6 +18,7 @@ from typing import Any
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from tinker_local.config import LORA_ALPHA_METADATA_KEY, LORA_DROPOUT_METADATA_KEY
 from tinker_local.engine.contract import Engine, ForwardBackwardCall, LoraSpec, ModelInfo
 from tinker_local.server import datum_checks, limits, wire
 from tinker_local.server.errors import ApiError, UserError
@@ -36,10 +37,9 @@ from tinker_local.server.worker import Batchable, Job
 # The create_model user_metadata key that asks for a value model (see engine/value_head.py).
 VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
 # user_metadata keys that set the LoRA scale (alpha; the update is scaled by alpha / rank) and
-# the dropout on the LoRA input while training. Values are numbers or their decimal strings
-# (the SDK types user_metadata as str -> str). The hosted service has no such settings.
-LORA_ALPHA_METADATA_KEY = "tinker_local.lora_alpha"
-LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
+# the dropout on the LoRA input while training (config.LORA_*_METADATA_KEY). Values are numbers
+# or their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
+# such settings.
 
 # get_info waits this long for a model still being created before telling the SDK to retry.
 GET_INFO_WAIT_S = 50.0
