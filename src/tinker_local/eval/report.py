@@ -238,9 +238,15 @@ def read_transcripts(path: Path) -> list[Transcript]:
 
 
 def write_report(
-    out_dir: Path, results: Sequence[ModelEval], transcripts: Sequence[Transcript] = ()
+    out_dir: Path,
+    results: Sequence[ModelEval],
+    transcripts: Sequence[Transcript] = (),
+    *,
+    preamble: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """Write report.json, report.md, report.png and (if any) transcripts.jsonl to `out_dir`."""
+    """Write report.json, report.md, report.png and (if any) transcripts.jsonl to `out_dir`.
+    `preamble` (Markdown) goes above the tables; `extra` keys go into report.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -248,8 +254,8 @@ def write_report(
         "markdown": out_dir / "report.md",
         "plot": out_dir / "report.png",
     }
-    paths["json"].write_text(json.dumps(report_dict(results), indent=2) + "\n")
-    paths["markdown"].write_text(markdown_table(results))
+    paths["json"].write_text(json.dumps({**report_dict(results), **(extra or {})}, indent=2) + "\n")
+    paths["markdown"].write_text(preamble + markdown_table(results))
     save_plot(results, paths["plot"])
     if transcripts:
         paths["transcripts"] = out_dir / "transcripts.jsonl"

@@ -36,6 +36,11 @@ from tinker_local.tasks import registry
 DatasetsMaker = Callable[[Any], tuple[RLDataset, RLDataset]]
 
 
+class TaskDataError(ValueError):
+    """A task's data could not be built (bad option, missing file, too few problems); the
+    message names the task and the split."""
+
+
 def known_tasks() -> list[str]:
     return sorted(set(registry.TASKS) | set(registry.PARADIGMS))
 
@@ -134,6 +139,17 @@ class TaskMixture:
                 tasks.append(inner)
         return tasks
 
+    def options_by_task(
+        self, options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None
+    ) -> dict[str, dict[str, Any]]:
+        """Task options as `{task: {key: value}}`, from that form already or from flat
+        `[TASK.]KEY -> value` options (`split_options`)."""
+        if isinstance(options, Mapping) and options and all(
+            k in self.names and isinstance(v, Mapping) for k, v in options.items()
+        ):
+            return {name: dict(options.get(name, {})) for name in self.names}
+        return split_options(options or {}, self)
+
     def datasets(
         self,
         *,
@@ -150,38 +166,30 @@ class TaskMixture:
         if unknown:
             raise ValueError(f"options for {unknown[0]!r}, which is not in the mixture")
 
-        def make(tokenizer: Any) -> tuple[RLDataset, RLDataset]:
-            if self.single:
-                name = self.names[0]
-                common = {"batch_size": batch_size, "seed": seed, **per_task[name]}
-                train = registry.make_dataset(
-                    name, tokenizer, split="train", group_size=group_size, **common
-                )
-                test = registry.make_dataset(name, tokenizer, split="test", group_size=1, **common)
-                return train, test
-            parts, tests = [], []
-            for name, weight in self.weights:
-                stream = registry.make_dataset(
+        def build(name: str, tokenizer: Any, split: str, batch: int, group: int) -> RLDataset:
+            try:
+                return registry.make_dataset(
                     name,
                     tokenizer,
-                    split="train",
-                    batch_size=1,
-                    group_size=group_size,
+                    split=split,
+                    batch_size=batch,
+                    group_size=group,
                     seed=seed,
                     **per_task[name],
                 )
-                parts.append((name, weight, stream))
-                tests.append(
-                    registry.make_dataset(
-                        name,
-                        tokenizer,
-                        split="test",
-                        batch_size=batch_size,
-                        group_size=1,
-                        seed=seed,
-                        **per_task[name],
-                    )
-                )
+            except (TypeError, ValueError, KeyError, OSError) as error:
+                message = error.args[0] if isinstance(error, KeyError) and error.args else error
+                raise TaskDataError(f"task {name!r} ({split} split): {message}") from error
+
+        def make(tokenizer: Any) -> tuple[RLDataset, RLDataset]:
+            if self.single:
+                name = self.names[0]
+                train = build(name, tokenizer, "train", batch_size, group_size)
+                return train, build(name, tokenizer, "test", batch_size, 1)
+            parts, tests = [], []
+            for name, weight in self.weights:
+                parts.append((name, weight, build(name, tokenizer, "train", 1, group_size)))
+                tests.append(build(name, tokenizer, "test", batch_size, 1))
             return MixtureDataset(parts, batch_size=batch_size, seed=seed), ConcatDataset(tests)
 
         return make
