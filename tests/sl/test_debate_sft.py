@@ -104,3 +104,49 @@ def test_bad_debate_settings_are_refused(graded, tmp_path, capsys):
         == 2
     )
     assert "judge=7" in capsys.readouterr().err
+
+
+def test_pipeline_debate_collection_feeds_sft_and_a_failed_rl_falls_back(
+    graded, tmp_path, monkeypatch
+):
+    from tinker_local.apps import pipeline
+    from tinker_local.apps.embedded import ServiceClient
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated RL crash")
+
+    monkeypatch.setattr(pipeline, "train_rl", crash)
+    cfg = pipeline.PipelineConfig.from_dict(
+        {
+            "log_dir": str(tmp_path / "pipe"),
+            "base_model": TINY,
+            "collect": {
+                "tasks": ["graded"],
+                "n": 8,
+                "debate": {"max_tokens": 10, "rounds": 1},  # policy: the base model
+            },
+            "sft": {"lora_rank": 4, "batch_size": 2, "micro_batch_size": 2, "val_fraction": 0.25,
+                    "eval_every": 0, "save_every": 0},
+            "rl": {"task": "graded", "max_steps": 1, "batch_size": 2, "group_size": 2},
+            "eval": {"tasks": ["graded"], "n": 2, "max_tokens": 4},
+        }
+    )  # fmt: skip
+    outcome = pipeline.run_pipeline(cfg, ServiceClient())
+    root = tmp_path / "pipe"
+    counts = json.loads((root / "collect" / "counts.json").read_text())
+    winners = [json.loads(x) for x in (root / "collect" / "sft.jsonl").read_text().splitlines()]
+    assert counts["graded"]["kept"] == len(winners) >= 3
+    assert all(w["task"] == "debate-graded" for w in winners)
+    assert json.loads((root / "sft" / "state.json").read_text())["finished"]  # SFT ran on them
+    assert [(s.name, s.status) for s in outcome.stages] == [
+        ("collect", "ok"),
+        ("sft", "ok"),
+        ("rl", "failed"),
+    ]
+    assert outcome.final == "sft" and [r.label for r in outcome.results] == ["base", "sft"]
+    report = json.loads((root / "eval" / "report.json").read_text())
+    assert report["final"]["label"] == "sft"
+    assert report["final"]["model"] == outcome.stages[1].model
+    markdown = (root / "eval" / "report.md").read_text()
+    assert "- rl: failed (RuntimeError: simulated RL crash)" in markdown
+    assert "Final model: **sft** (rl failed, so the last good model is evaluated)" in markdown
