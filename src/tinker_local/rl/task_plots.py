@@ -42,23 +42,27 @@ def plot_task_curves(log_dir: str | Path) -> Path | None:
     eval_tasks = _tasks(rows, "eval_task/", "/success_rate")
     if max(len(train_tasks), len(eval_tasks)) < 2:
         return None
+    colours = {t: f"C{i % 10}" for i, t in enumerate(dict.fromkeys(train_tasks + eval_tasks))}
     fig = Figure(figsize=(10, 3.8))
     FigureCanvasAgg(fig)
     train_ax, eval_ax = fig.subplots(1, 2)
     for task in train_tasks:
         key = f"task/{task}/reward_mean"
         points = [(r["step"], r[key]) for r in rows if key in r]
-        train_ax.plot([p[0] for p in points], [p[1] for p in points], label=task)
+        train_ax.plot(
+            [p[0] for p in points], [p[1] for p in points], label=task, color=colours[task]
+        )
     train_ax.set_xlabel("step")
     train_ax.set_ylabel("train reward (mean)")
     for task in eval_tasks:
         key = f"eval_task/{task}/success_rate"
         evals = [r for r in rows if key in r]
         steps = [r["step"] for r in evals]
-        (line,) = eval_ax.plot(steps, [r[key] for r in evals], marker="o", label=task)
+        colour = colours[task]
+        eval_ax.plot(steps, [r[key] for r in evals], marker="o", label=task, color=colour)
         low = [r.get(f"eval_task/{task}/success_low", r[key]) for r in evals]
         high = [r.get(f"eval_task/{task}/success_high", r[key]) for r in evals]
-        eval_ax.fill_between(steps, low, high, alpha=0.15, color=line.get_color())
+        eval_ax.fill_between(steps, low, high, alpha=0.15, color=colour)
     eval_ax.set_xlabel("step")
     eval_ax.set_ylabel("greedy success rate (80 % Jeffreys)")
     eval_ax.set_ylim(-0.02, 1.02)
