@@ -31,10 +31,17 @@ from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks import arithmetic
 
 
-def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) -> RLConfig:
+def demo_config(
+    log_dir: str,
+    *,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    base_model: str = DEFAULT_BASE_MODEL,
+) -> RLConfig:
     return RLConfig(
         log_dir=log_dir,
-        base_model=DEFAULT_BASE_MODEL,
+        base_model=base_model,
         lora_rank=16,
         seed=seed,
         max_steps=steps,
@@ -101,9 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument(
+        "--base-model",
+        default=DEFAULT_BASE_MODEL,
+        help="the recipe is tuned for the default; another model (e.g. the random "
+        "tinker-local/tiny-llama) is for quick looks and tests",
+    )
     args = parser.parse_args(argv)
     log_dir = args.log_dir or f"runs/rl-demo-seed{args.seed}"
-    cfg = demo_config(log_dir, steps=args.steps, seed=args.seed, learning_rate=args.learning_rate)
+    cfg = demo_config(
+        log_dir,
+        steps=args.steps,
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        base_model=args.base_model,
+    )
 
     def datasets(tokenizer: Any):
         train = arithmetic.make_dataset(tokenizer, batch_size=8, group_size=8, seed=args.seed)
