@@ -73,6 +73,7 @@ def test_run_serves_a_script_that_loads_the_builtin_tokenizer_first(tmp_path: Pa
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "TRAINED" in done.stdout
@@ -105,6 +106,7 @@ def test_embedded_server_publishes_every_listed_tokenizer_at_start(tmp_path: Pat
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"ALL {len(builtin.builtin_names())}", done.stdout
