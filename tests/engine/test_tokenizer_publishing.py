@@ -97,14 +97,15 @@ def test_a_tokenizer_already_in_the_cache_is_never_touched(
     assert len(AutoTokenizer.from_pretrained(config.DEFAULT_BASE_MODEL)) > 150_000  # Qwen3's
 
 
-def test_a_built_model_has_exactly_the_published_tokenizer(fresh_home: Path) -> None:
-    tokenizer_only = builtin.tokenizer_folder(config.TINY_TEST_MODEL)
-    built = builtin.ensure_built(config.TINY_TEST_MODEL)
-    assert builtin.tokenizer_folder(config.TINY_TEST_MODEL) == built
+@pytest.mark.parametrize("name", [config.TINY_TEST_MODEL, builtin.TINY_GEMMA3])
+def test_a_built_model_has_exactly_the_published_tokenizer(fresh_home: Path, name: str) -> None:
+    tokenizer_only = builtin.tokenizer_folder(name)
+    built = builtin.ensure_built(name)
+    assert builtin.tokenizer_folder(name) == built
     files = {p.name for p in tokenizer_only.iterdir()} - {builtin.MARKER_FILE, "config.json"}
     assert "tokenizer.json" in files
-    for name in files:
-        assert (built / name).read_bytes() == (tokenizer_only / name).read_bytes(), name
+    for file in files:
+        assert (built / file).read_bytes() == (tokenizer_only / file).read_bytes(), file
     # the tokenizer folder's config.json says what the model's does
     import json
 

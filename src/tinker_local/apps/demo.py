@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         return train, test
 
     client = service_client()
-    print(f"warming up: one step's work on {cfg.base_model}, timed...", flush=True)
+    print(
+        f"loading {cfg.base_model} (a first run converts it once), then timing one step's "
+        "work on this machine...",
+        flush=True,
+    )
     timing = asyncio.run(_warm_up(client, cfg))
     print(timing.summary(cfg.max_steps, EVAL_PROBLEMS), flush=True)
     expected = timing.expected_s(cfg.max_steps, EVAL_PROBLEMS)

@@ -43,7 +43,7 @@ class WarmUp:
     long: StepCost  # answers as long as the run allows
     short: StepCost  # answers as short as a trained model's
     rows: int  # sequences sampled per step
-    seconds: float  # what the warm-up itself took
+    seconds: float  # what the warm-up itself took (loading the model aside)
 
     def eval_s(self, problems: int, cost: StepCost) -> float:
         return cost.sample_s * problems / self.rows
@@ -82,11 +82,11 @@ async def measure(
     """Time one step's work of `config` on `builders` (one batch), at the run's answer length
     and at `short_answer_tokens`. Loads (or converts) the base model as a side effect, which the
     run then finds loaded."""
-    started = time.perf_counter()
     trainer = await service_client.create_lora_training_client(
         base_model=config.base_model, rank=config.lora_rank, seed=config.seed
     )
     sampler = await trainer.save_weights_and_get_sampling_client()
+    started = time.perf_counter()  # the model is loaded: from here on it is the warm-up's cost
     # Untimed: a sampler's and a model's first requests pay one-time setup.
     await _one_step(trainer, sampler, builders[:1], config, answer_tokens=1)
     long = await _one_step(trainer, sampler, builders, config, config.max_tokens)

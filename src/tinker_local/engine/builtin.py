@@ -151,6 +151,7 @@ def write_tokenizer(name: str, dest: Path) -> None:
     """Save built-in `name`'s tokenizer into `dest`, with the model's context length, and the
     model's config.json (transformers' AutoTokenizer reads the model type from it)."""
     from transformers import AutoConfig, AutoTokenizer, LlamaConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if name == config.DEFAULT_BASE_MODEL:
         source = gguf_path()
@@ -160,11 +161,9 @@ def write_tokenizer(name: str, dest: Path) -> None:
         if not tokenizer.chat_template:
             raise RuntimeError(f"{source} carries no chat template; refusing to build without")
         _drop_quantization(model_config)
-        architecture = "LlamaForCausalLM"
     elif name == config.TINY_TEST_MODEL:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.DEFAULT_BASE_MODEL))
         model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
-        architecture = "LlamaForCausalLM"
     else:
         model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
         if tokenizer_kind == "qwen3":
@@ -172,13 +171,12 @@ def write_tokenizer(name: str, dest: Path) -> None:
         else:  # tiny-llama's: SmolLM2's, parsed from the GGUF only once
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.TINY_TEST_MODEL))
         model_config = AutoConfig.for_model(model_type, **settings)
-        architecture = None
     max_length = model_config.get_text_config().max_position_embeddings
     _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
     model_config._name_or_path = name
-    model_config.dtype = torch.float32  # as the built model saves it
-    if architecture is not None:
-        model_config.architectures = [architecture]
+    # as the built model saves it
+    model_config.dtype = torch.float32
+    model_config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_config.model_type]]
     model_config.save_pretrained(dest)
 
 
