@@ -176,6 +176,10 @@ class FutureStore:
         """The result, or None if it is still pending after `timeout_s` or the server is stopping
         (the caller says try again).
 
+        A stopping server hands out no results: the work it fails on its way down ("the server is
+        shutting down") would reach the client as a final error, which the SDK logs. Results are
+        kept in the store (when there is one) for a restarted server to answer.
+
         `asyncio.wait` never cancels what it waits on, so a client that hangs up mid-poll cannot
         cancel the work.
         """
@@ -184,7 +188,7 @@ class FutureStore:
             await asyncio.wait(
                 [record.waiter, release], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
-        if not record.waiter.done():
+        if self._released or not record.waiter.done():
             return None
         record.retrieved_at = time.monotonic()
         return record.waiter.result()
