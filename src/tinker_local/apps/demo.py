@@ -3,7 +3,9 @@
 It trains LoRA with the RL loop on "What is 23 + 58?" problems (reward: correct + 0.1 for a
 bare-number answer), evaluates greedily on 200 held-out problems before and after training, and
 prints accuracy with 80 % Jeffreys intervals, sample answers before/after, and where the
-reward and evaluation plots are.
+reward and evaluation plots are. Before the first step it says how long the run should take
+here, from a short measured warm-up (`warmup.py`); while it runs, the time left (a bar on a
+terminal, a line per step otherwise).
 
 The recipe (measured on a 2-core CPU; see the RL report in the README): LoRA rank 16 on every
 linear layer, learning rate 5e-4, 8 problems x 8 samples per step, temperature 1 with top-k 50,
