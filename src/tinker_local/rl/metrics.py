@@ -202,7 +202,8 @@ def _plot_reward(plt: Any, train: list[dict[str, Any]], path: Path) -> None:
 
 def _standard_error(row: dict[str, Any]) -> float:
     """std / sqrt(n) of one step's rewards (the sample std, from the logged population one).
-    Samples of one group share a prompt, so this is, if anything, a little narrow."""
+    Answers to one prompt share its difficulty, so batch means scatter from step to step more
+    than this band alone suggests; the moving average is what shows the trend."""
     n = row.get("episodes")
     std = row.get("reward/std")
     if n is None or std is None or n < 2:
