@@ -24,7 +24,7 @@ from tinker import types
 from tinker_local.server import rest, restore_samplers, sampling, sessions, training, weights
 from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.errors import ApiError
-from tinker_local.server.futures import FutureRecord, wait_for_result
+from tinker_local.server.futures import TRY_AGAIN_STATUS, FutureRecord
 from tinker_local.server.service import Service
 
 logger = logging.getLogger("tinker_local.server")
@@ -272,10 +272,11 @@ def create_app(svc: Service) -> FastAPI:
             if stored is not None:
                 return Response(content=stored.body, media_type=stored.media_type)
             raise ApiError(404, f"unknown request_id {req.request_id!r} (did the server restart?)")
-        result = await wait_for_result(record, svc.settings.long_poll_s)
+        result = await svc.futures.wait(record, svc.settings.long_poll_s)
         if result is None:
             return JSONResponse(
-                {"type": "try_again", "request_id": record.request_id, "queue_state": "active"}
+                {"type": "try_again", "request_id": record.request_id, "queue_state": "active"},
+                status_code=TRY_AGAIN_STATUS,
             )
         return Response(content=result.body, media_type=result.media_type)
 
