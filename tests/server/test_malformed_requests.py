@@ -411,7 +411,7 @@ def _field_cases(ids: Ids) -> list[Case]:
             "",
             (400,),
         ),
-        ("asample", edit(sample, "prompt_alt_tokens_k", 2), "not supported", "", (400,)),
+        ("asample", edit(sample, "prompt_alt_tokens_k", -1), "prompt_alt_tokens_k", "", (400,)),
         ("asample", edit(sample, "prompt_logprobs_last_n", 1), "needs prompt_logprobs", "", (400,)),
         ("asample", edit(sample, "seq_id", _DELETE), "seq_id", "", (400,)),
         # sessions, futures

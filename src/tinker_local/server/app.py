@@ -21,7 +21,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from tinker_local.server import rest, restore_samplers, sampling, sessions, training, weights
+from tinker_local.server import (
+    rest,
+    restore_samplers,
+    sampling,
+    sessions,
+    training,
+    weights,
+    wire,
+)
 from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import FutureRecord, wait_for_result
@@ -184,6 +192,9 @@ def create_app(svc: Service) -> FastAPI:
             )
         else:
             msg, data = training.decode_forward_backward(body, encoding, limit)
+        if isinstance(data, wire.NonTextChunk):
+            known = svc.state.models.get(msg.model_id)
+            data = data.for_model(known.base_model if known is not None else msg.model_id)
         record = training.forward_backward(svc, msg, data)
         return _future_answer(record, msg.model_id)
 
