@@ -14,7 +14,7 @@ from typing import Any
 from tinker import types
 
 from tinker_local.engine.contract import Engine, SampleOutcome, SamplingRequest
-from tinker_local.server import chunk_kinds, limits, paths, prompt_targets, wire
+from tinker_local.server import chunk_kinds, limits, paths, prompt_targets, weights, wire
 from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
 from tinker_local.server.service import Service
@@ -52,6 +52,7 @@ async def _create_sampler(
         _path, adapter_dir = paths.existing_checkpoint(
             req.model_path, svc.settings.checkpoints_dir()
         )
+        weights.read_audited(svc, req.model_path, "sampling")
     elif not req.base_model:
         raise ApiError(400, "create_sampling_session needs a model_path or a base_model")
     else:
@@ -154,6 +155,17 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         prompt_alt_tokens_k=req.prompt_alt_tokens_k,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
+    record = svc.futures.create("sample")
+    span = svc.trace.follow(
+        record,
+        sampler.session_id,
+        sampler.owner,
+        sampler.sampler_id,
+        "sample",
+        sampler.base_model,
+        {"sampling_prefill": len(prompt)},
+    )
+    svc.completions.track(sampler.sampler_id, req.seq_id, record)
 
     def finish(answer: SampleOutcome) -> WireResult:
         if isinstance(answer, Exception):
@@ -162,11 +174,12 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
             raise RuntimeError(
                 f"engine returned {len(answer.sequences)} sequences for num_samples={num_samples}"
             )
+        if span is not None:
+            span.tokens["sampling_sample"] = sum(len(s.tokens) for s in answer.sequences)
         return WireResult(
             wire.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
-    record = svc.futures.create("sample")
     svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
     answer = {
         "request_id": record.request_id,
