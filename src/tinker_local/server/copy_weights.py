@@ -24,7 +24,6 @@ from typing import Any
 from tinker import types
 
 from tinker_local.engine.contract import read_checkpoint_meta
-
 from tinker_local.server import auth_tokens, checkpoint_flags, paths
 from tinker_local.server.access import current_owner, owner_of_key, write_run_owner
 from tinker_local.server.errors import ApiError

@@ -159,7 +159,7 @@ def _track(builder: TraceProtoBuilder, name: str, parent: int | None) -> int:
     return track_uuid
 
 
-def _event(builder: TraceProtoBuilder, at: float, kind: int, track: int):  # noqa: ANN202
+def _event(builder: TraceProtoBuilder, at: float, kind: int, track: int):
     packet = builder.add_packet()
     packet.timestamp = int(at * 1e9)
     packet.trusted_packet_sequence_id = _SEQUENCE_ID

@@ -182,7 +182,7 @@ def search_sessions(svc: Service, req: types.SessionSearchRequest) -> dict[str, 
     return {"sessions": sessions, "next_cursor": cursor}
 
 
-def _checkpoint_totals(root, run_ids: list[str]) -> tuple[int, int]:  # noqa: ANN001
+def _checkpoint_totals(root, run_ids: list[str]) -> tuple[int, int]:
     from tinker_local.server.rest import run_checkpoints
 
     count = size = 0
