@@ -26,7 +26,7 @@ from tinker import types
 from tinker_local.engine.contract import read_checkpoint_meta
 from tinker_local.server import auth_tokens, checkpoint_flags, paths
 from tinker_local.server.access import current_owner, owner_of_key, write_run_owner
-from tinker_local.server.errors import ApiError
+from tinker_local.server.errors import CONFLICT, ApiError
 from tinker_local.server.service import Service
 from tinker_local.server.state import Session, training_model_id
 from tinker_local.server.weights import read_audited
@@ -68,7 +68,7 @@ def _destination_run(svc: Service, req: types.CopyWeightsRequest, base_model: st
         session = svc.state.session(req.session_id)
         if training_model_id(session.session_id, req.model_seq_id) in svc.state.models:
             raise ApiError(
-                409, f"copy_weights: model_seq_id {req.model_seq_id} of session "
+                CONFLICT, f"copy_weights: model_seq_id {req.model_seq_id} of session "
                 f"{req.session_id} is already a training run"
             )
         run_id = training_model_id(session.session_id, req.model_seq_id)
@@ -131,7 +131,7 @@ def copy(
     copy_path = paths.CheckpointPath(run_id, source.kind, source.name)
     target = copy_path.directory(root)
     if target.exists():
-        raise ApiError(409, f"copy_weights: {copy_path.uri} already exists")
+        raise ApiError(CONFLICT, f"copy_weights: {copy_path.uri} already exists")
     target.parent.mkdir(parents=True, exist_ok=True)
     write_run_owner(target.parent.parent, owner)
     _link_tree(folder, target)

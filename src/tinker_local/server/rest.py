@@ -21,7 +21,7 @@ from typing import Any
 from tinker_local.engine.contract import read_checkpoint_meta
 from tinker_local.server import checkpoint_flags, paths
 from tinker_local.server.access import current_owner, run_owner_on_disk
-from tinker_local.server.errors import ApiError
+from tinker_local.server.errors import CONFLICT, ApiError
 from tinker_local.server.service import Service
 
 logger = logging.getLogger("tinker_local.server")
@@ -231,12 +231,12 @@ async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> No
 
 
 def set_public(svc: Service, run_id: str, checkpoint_id: str, public: bool) -> None:
-    """Publish (every key of this server may read it) or unpublish; 409 if already so."""
+    """Publish (every key of this server may read it) or unpublish; refused if already so."""
     target, folder = _owned_checkpoint(svc, run_id, checkpoint_id)
     checkpoint = f"{target.kind}/{target.name}"
     if checkpoint_flags.flags(folder.parent.parent, checkpoint).public == public:
         state = "public" if public else "private"
-        raise ApiError(409, f"checkpoint {target.uri} is already {state}")
+        raise ApiError(CONFLICT, f"checkpoint {target.uri} is already {state}")
     checkpoint_flags.update(folder.parent.parent, checkpoint, public=public)
     event = "checkpoint_publish" if public else "checkpoint_unpublish"
     svc.audit.record(current_owner(), event, tinker_path=target.uri, training_run_id=run_id)

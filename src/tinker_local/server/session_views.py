@@ -76,7 +76,7 @@ def views(svc: Service) -> dict[str, SessionView]:
 
 
 def _newest_first(found: dict[str, SessionView]) -> list[SessionView]:
-    return sorted(found.values(), key=lambda v: (v.created_at, v.session_id), reverse=True)
+    return sorted(found.values(), key=lambda v: (_when(v.created_at), v.session_id), reverse=True)
 
 
 def _view(svc: Service, session_id: str) -> SessionView:
@@ -155,8 +155,9 @@ def search_sessions(svc: Service, req: types.SessionSearchRequest) -> dict[str, 
     owner_urn = user_urn(current_owner())
     found = [v for v in _newest_first(views(svc)) if _matches(v, req, owner_urn)]
     if req.cursor is not None:
-        after = (req.cursor.last_created_at.timestamp(), req.cursor.last_session_id)
-        found = [v for v in found if (v.created_at, v.session_id) < after]
+        # Compared as the datetimes the cursor was written from (microseconds), not floats.
+        after = (req.cursor.last_created_at, req.cursor.last_session_id)
+        found = [v for v in found if (_when(v.created_at), v.session_id) < after]
     page, more = found[: req.limit], len(found) > req.limit
     root = svc.settings.checkpoints_dir()
     sessions = []
@@ -193,8 +194,12 @@ def _checkpoint_totals(root, run_ids: list[str]) -> tuple[int, int]:
     return count, size
 
 
+def _when(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+
+
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat()
+    return _when(timestamp).isoformat()
 
 
 def assign_project(svc: Service, session_id: str, project_id: Any) -> None:
