@@ -862,6 +862,7 @@ def _surface_rest_cases(ids: Ids, server: FakeServer) -> list[Case]:
     signed = "/api/v1/signed/external_weights"
     get, post, put, delete = "GET", "POST", "PUT", "DELETE"
     usage = "/api/v1/billing/usage/events?starting_on={}&ending_before={}"
+    trace = f"/api/v1/signed/session_trace/local/{ids.session_id}.pftrace"
     table: list[tuple[str, str, str, tuple[int, ...], dict[str, Any]]] = [
         # external weights URLs and the signed downloads
         (get, f"{ckpt}/{state}/external_weights_urls", "only serves external weights", (400,), {}),
@@ -917,8 +918,7 @@ def _surface_rest_cases(ids: Ids, server: FakeServer) -> list[Case]:
         (post, "/api/v1/sessions/search", "owner", (400,), {"json": {"owner": {"type": "boss"}}}),
         (post, "/api/v1/sessions/search", "cursor", (400,), {"json": {"cursor": {"x": 1}}}),
         (get, "/api/v1/sessions/nobody/trace_export", "not found", (404,), {}),
-        (get, f"/api/v1/signed/session_trace/local/{ids.session_id}.pftrace"
-         f"?expires={past + 10**6}&signature=00", "signature", (403,), {}),
+        (get, f"{trace}?expires={past + 10**6}&signature=00", "signature", (403,), {}),
         (post, "/api/v1/create_session", "display_name must not be blank", (400,),
          {"json": {"sdk_version": "0.38", "tags": [], "user_metadata": None, "display_name": " "}}),
         # audit, usage
