@@ -292,7 +292,7 @@ def create_app(svc: Service) -> FastAPI:
     async def join_sampling_session(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.JoinSamplingSessionRequest, "join_sampling_session")
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
-        return completions.join(svc, req)
+        return completions.join(svc.state, req)
 
     # -- RestClient: training runs and checkpoints ----------------------------------------------
 
@@ -437,7 +437,9 @@ def create_app(svc: Service) -> FastAPI:
     async def retrieve_futures(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.FuturesRetrieveRequest, "retrieve_futures")
         await restore_samplers.ensure_sampler(svc, req.target.sampling_session_id)
-        return await svc.completions.poll(svc, req)
+        return await svc.completions.poll(
+            svc.state, svc.futures, svc.settings.long_poll_s, req
+        )
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

@@ -18,16 +18,14 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tinker import types
 
 from tinker_local.server.errors import ApiError
-from tinker_local.server.futures import FutureRecord
+from tinker_local.server.futures import FutureRecord, FutureStore
 from tinker_local.server.session_trace import is_failure
-
-if TYPE_CHECKING:
-    from tinker_local.server.service import Service
+from tinker_local.server.state import ServerState
 
 CLONE_BLOCK = 1_000_000_000
 # Completions not yet acknowledged are kept up to this many per queue.
@@ -73,10 +71,14 @@ class CompletionQueues:
         record.waiter.add_done_callback(done)
 
     async def poll(
-        self, svc: Service, req: types.FuturesRetrieveRequest
+        self,
+        state: ServerState,
+        futures: FutureStore,
+        long_poll_s: float,
+        req: types.FuturesRetrieveRequest,
     ) -> dict[str, Any]:
         target = req.target
-        sampler = svc.state.sampler(target.sampling_session_id)  # 404 unless the caller's
+        sampler = state.sampler(target.sampling_session_id)  # 404 unless the caller's
         if target.cloned_sampler_id < 0:
             raise ApiError(400, f"cloned_sampler_id must be >= 0, got {target.cloned_sampler_id}")
         if req.prev_cursor < 0:
@@ -84,13 +86,13 @@ class CompletionQueues:
         if req.timeout is not None and req.timeout < 0:
             raise ApiError(400, f"timeout must be >= 0 seconds, got {req.timeout}")
         for request_id in req.retrieved_request_ids:
-            record = svc.futures.get(request_id)
+            record = futures.get(request_id)
             if record is not None and record.owner == sampler.owner:
                 record.retrieved_at = time.monotonic()  # swept soon (futures.py)
         queue = self._queue(target.sampling_session_id, target.cloned_sampler_id)
         while queue.entries and queue.entries[0][0] <= req.prev_cursor:
             queue.entries.popleft()
-        wait = svc.settings.long_poll_s
+        wait = long_poll_s
         if req.timeout is not None:
             wait = min(req.timeout, wait)
         deadline = time.monotonic() + wait
@@ -105,9 +107,9 @@ class CompletionQueues:
         return {"completions": completions, "cursor": cursor}
 
 
-def join(svc: Service, req: types.JoinSamplingSessionRequest) -> dict[str, Any]:
-    sampler = svc.state.sampler(req.sampling_session_id)
-    session = svc.state.session(sampler.session_id, live=False)
+def join(state: ServerState, req: types.JoinSamplingSessionRequest) -> dict[str, Any]:
+    sampler = state.sampler(req.sampling_session_id)
+    session = state.session(sampler.session_id, live=False)
     counter = session.sampler_clients.get(sampler.sampler_id, 0) + 1
     session.sampler_clients[sampler.sampler_id] = counter
     return {"type": "join_sampling_session", "client_counter": counter}
