@@ -60,6 +60,9 @@ def test_service_and_training_aliases(server: FakeServer) -> None:
     service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
     caps = _run(service.get_server_capabilities_async())
     assert [m.model_name for m in caps.supported_models] == ["fake/base"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated for RestClient's
+        assert service.get_server_capabilities() == caps
     trainer = _run(service.create_lora_training_client_async("fake/base", rank=4))
     assert trainer.get_info().model_data.model_name == "fake/base"
     assert _run(trainer.get_info_async()) == trainer.get_info()
@@ -90,6 +93,7 @@ def test_service_and_training_aliases(server: FakeServer) -> None:
     assert _run(trainer.save_weights_for_sampler_async("alias-s")).path.endswith("/sampler_weights/alias-s")
     assert _run(trainer.save_weights_external_async("alias-x")).path.endswith("/external_weights/alias-x")
     assert _run(trainer.load_state_async(state)).path == state
+    assert trainer.load_state(state).result().path == state
     assert _run(trainer.load_state_with_optimizer_async(state)).path == state
 
     sampler = _run(trainer.save_weights_and_get_sampling_client_async())
