@@ -176,3 +176,10 @@ def test_rest_aliases(server: FakeServer) -> None:
     rest.delete_checkpoint(run, "weights/r1").result()
     assert _run(rest.list_checkpoints_async(run)).checkpoints == []
     assert rest.get_telemetry() is None
+    # A run of no live model whose every checkpoint is gone leaves the listing (its folder
+    # stays on disk) instead of breaking it.
+    copy_run = copied[len("tinker://"):].split("/")[0]
+    assert copy_run in {r.training_run_id for r in rest.list_training_runs().result().training_runs}
+    rest.delete_checkpoint_from_tinker_path(copied).result()
+    listed = {r.training_run_id for r in rest.list_training_runs().result().training_runs}
+    assert copy_run not in listed and run in listed

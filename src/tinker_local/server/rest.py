@@ -169,7 +169,12 @@ async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str,
     root, live, owner = svc.settings.checkpoints_dir(), _live_runs(svc), current_owner()
 
     def work() -> dict[str, Any]:
-        ids = _run_ids(root, live, owner)
+        # A folder left with no checkpoint (all deleted or expired) is no run to list.
+        ids = [
+            r
+            for r in _run_ids(root, live, owner)
+            if r in live or (_owned_on_disk(root, r, owner) and run_checkpoints(root, r))
+        ]
         page = [_training_run(root, r, live, owner) for r in ids[offset : offset + limit]]
         return {"training_runs": page, "cursor": _cursor(offset, limit, len(ids))}
 
