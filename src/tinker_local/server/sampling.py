@@ -24,7 +24,6 @@ from tinker_local.server.state import Sampler, remember, sampler_id
 _UNSUPPORTED = (
     ("target_prompt_logprobs", lambda r: r.target_prompt_logprobs is not None),
     ("prompt_alt_tokens_k", lambda r: r.prompt_alt_tokens_k > 0),
-    ("record_stability_info", lambda r: bool(r.record_stability_info)),
 )
 
 
@@ -151,6 +150,9 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         topk_sample_logprobs=req.topk_sample_logprobs,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
+    sequence_ids = [f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)]
+    # stable_reinforce: keep what the loss needs of each sequence (stability.py).
+    keep_records = svc.stability.recorder(sampler, prompt) if req.record_stability_info else None
 
     def finish(answer: SampleOutcome) -> WireResult:
         if isinstance(answer, Exception):
@@ -159,17 +161,14 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
             raise RuntimeError(
                 f"engine returned {len(answer.sequences)} sequences for num_samples={num_samples}"
             )
+        if keep_records is not None:
+            keep_records(answer, sequence_ids)
         return WireResult(
             wire.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
     record = svc.futures.create("sample")
     svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
-    answer = {
-        "request_id": record.request_id,
-        "sample_sequence_ids": [
-            f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)
-        ],
-    }
+    answer = {"request_id": record.request_id, "sample_sequence_ids": sequence_ids}
     remember(sampler.answers_by_seq, req.seq_id, answer)
     return answer

@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 from tinker_local import config
 from tinker_local.engine.contract import Engine, EngineFactory, LossInputs
+from tinker_local.server.custom_losses import CustomLosses
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     FutureRecord,
@@ -28,6 +29,7 @@ from tinker_local.server.futures import (
     user_failure,
 )
 from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
+from tinker_local.server.stability import StabilityRecords
 from tinker_local.server.state import ServerState, TrainingModel, remember, restore
 from tinker_local.server.store import Store
 from tinker_local.server.worker import EngineWorker, Job
@@ -46,7 +48,8 @@ DEFAULT_CLIENT_CONFIG: dict[str, Any] = {
     "use_pyqwest_transport": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,
-    "custom_loss_server_side": False,
+    # create_custom_loss uploads the traced loss; forward_backward_custom runs it in one pass.
+    "custom_loss_server_side": True,
     "sample_join_sampling_session": False,
     "parallel_fwdbwd_chunks": True,
 }
@@ -86,6 +89,9 @@ class ServerSettings:
     max_queued_jobs: int = 256
     # The SQLite store (see store.py); None keeps everything in memory only.
     database: Path | None = None
+    # Stability records (stable_reinforce) are kept this long after their last use (one day,
+    # as on the hosted service); see stability.py.
+    stability_keep_s: float = 24 * 3600.0
 
     def client_config_answer(self) -> dict[str, Any]:
         return {**DEFAULT_CLIENT_CONFIG, **self.client_config}
@@ -105,6 +111,9 @@ class Service:
         self.futures = FutureStore(self.store)
         if self.store is not None:
             restore(self.state, self.store)
+        # stable_reinforce's records of sampled sequences, and server-side custom losses.
+        self.stability = StabilityRecords(self.store, lambda: self.settings.stability_keep_s)
+        self.custom_losses = CustomLosses(self.store)
         self.worker = EngineWorker(make_engine)
         self._tasks: set[asyncio.Task[Any]] = set()
 
