@@ -142,7 +142,10 @@ def check_custom_loss(
                 raise user_error(f"{what}: the output must be the last node")
             _check_output(what, node.args)
         elif node.op != "placeholder":
-            raise user_error(f"{what} is a {node.op!r} node; a custom loss may not use one")
+            raise user_error(
+                f"{what} is a {node.op!r} node (target {node.target!r}); a custom loss may not "
+                "use one: it reads only logprobs and the inputs it names, through functions"
+            )
         for value in (*node.args, *node.kwargs.values()):
             _check_arg(what, value, seen)
         seen.add(node.name)
