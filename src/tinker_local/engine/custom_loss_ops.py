@@ -76,6 +76,7 @@ ALLOWED_METHODS = frozenset(
         "cumsum", "detach", "dim", "div", "double", "exp", "exp2", "expand", "expand_as",
         "flatten", "float", "gather", "int", "isfinite", "log", "log1p", "log_softmax",
         "logsumexp", "long", "masked_fill", "max", "mean", "min", "mul", "nan_to_num", "neg",
+        "new_full", "new_ones", "new_zeros",
         "norm", "numel", "permute", "pow", "prod", "reciprocal", "relu", "reshape", "sigmoid",
         "sign", "size", "softmax", "sort", "sqrt", "square", "squeeze", "std", "sub", "sum", "t",
         "tanh", "to", "topk", "transpose", "type_as", "unsqueeze", "var", "view", "where",

@@ -4,14 +4,13 @@
 Every LoRA parameter is a matrix (lora_A is rank x in, lora_B is out x rank). One step, per
 matrix W with accumulated gradient G (after global-norm clipping, `grad_clip_norm`):
 
-    B <- beta1 * B + G                      momentum buffer (torch.optim.Muon, nesterov off)
+    B <- beta1 * B + (1 - beta1) * G        EMA momentum (torch.optim.Muon, nesterov off)
     O  = NS(B)                              Newton-Schulz orthogonalisation (torch.optim.Muon)
     W <- W - lr * sqrt(rank) * O / ||O||_F
 
 so `learning_rate` is applied to a direction of Frobenius norm sqrt(rank), as the hosted
 DimuonParams documents, whatever the matrix's shape. torch's Muon computes B and O (its step
 with lr 1 and no weight decay); this module only rescales that step to the documented norm.
-An EMA (1 - beta1) * sum would only rescale B, which the normalisation removes.
 
 What SDK 0.38 does not expose, tinker-local fixes: the matrix-sign iteration is torch's
 (5 quintic Newton-Schulz steps, its coefficients and epsilon), no rank correction of the

@@ -154,7 +154,7 @@ def _with_behavior(index: int, datum: PreparedDatum, behavior: Behavior) -> Prep
     sampled = torch.tensor(list(behavior.sampled), dtype=torch.float32)
     if logprobs.shape != (length,) or sampled.shape != (length,):
         raise datum_error(
-            index, "provenance", f"resolves to {tuple(logprobs.shape)} sampler records for "
+            index, "provenance", f"resolves to {len(behavior.logprobs)} sampler records for "
             f"{length} target positions",
         )
     if not bool(torch.isfinite(logprobs[sampled != 0]).all()):
