@@ -26,11 +26,12 @@ Rules that keep what comes next (the whole SDK surface, a distributed engine) of
   `SamplingParams.seed`), drawn by the engine. A distributed engine, where rank 0 serves HTTP
   and every rank executes the same commands in the same order, is then a rank-0 wrapper
   implementing `Engine` that sets those seeds and broadcasts each call.
-- New options arrive as new fields or keyword arguments with defaults: an optimizer config
-  (Dimuon) at `create_model`, `types.DimuonParams` at `optim_step`, more losses (announced in
-  `loss_inputs`; server-side custom losses as a field of `ForwardBackwardCall`), more sampling
-  options (`target_prompt_logprobs`, `prompt_alt_tokens_k`) on `SamplingRequest`, per-sequence
-  stability records as a `create_sampler` option.
+- New options arrive as new fields or keyword arguments with defaults, as these did: the
+  optimizer family at `create_model(optimizer=...)` (AdamW or Dimuon, `types.DimuonParams` at
+  `optim_step`), the sampler's records of each datum (`Behavior`, for `stable_reinforce`) and a
+  server-side custom loss (`CustomLoss`, checked without torch by `check_custom_loss`) as
+  fields of `ForwardBackwardCall`. Sampling options (`target_prompt_logprobs`,
+  `prompt_alt_tokens_k`) would be fields of `SamplingRequest`.
 """
 
 from __future__ import annotations
