@@ -13,6 +13,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -154,3 +155,61 @@ def wait_until_serving(proc: subprocess.Popen, log: Path, timeout_s: float) -> s
                 pass
         time.sleep(0.2)
     pytest.fail(f"tinker-local serve did not answer within {timeout_s} s:\n{tail(log)}")
+
+
+# -- what a recipe downloads, in place the way a user's earlier (online) run leaves it ----------
+
+# A tinker-cookbook recipe picks its renderer from the model name and knows only the hosted
+# service's models, and recipes/rl_loop.py has no renderer option. A model name the cookbook
+# knows whose recommended renderer is the one docs/cookbook.md uses for SmolLM2
+# (`qwen3_instruct`, the ChatML layout SmolLM2's template writes): the built-in SmolLM2 is placed
+# in the test's HF cache under that name.
+SMOLLM2_AS = "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def place_in_hub_cache(hf_home: Path, name: str, folder: Path) -> Path:
+    """`folder`'s files as the HF hub cache snapshot of `name` (symlinks, as the cache keeps
+    them), so the server and `AutoTokenizer.from_pretrained(name)` find it offline."""
+    repo = hf_home / "hub" / ("models--" + name.replace("/", "--"))
+    revision = "0" * 39 + "1"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for item in folder.iterdir():
+        if item.name != "tinker_local_builtin.json":
+            (snapshot / item.name).symlink_to(item)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def prefill_gsm8k_cache(hf_home: Path, rows: list[dict[str, str]], work: Path) -> None:
+    """The HF datasets cache that an online `datasets.load_dataset("openai/gsm8k", "main")`
+    leaves, holding `rows` ({"question", "answer": "... #### N"}): built with datasets' own
+    parquet builder, in that dataset's cache folder. Offline, load_dataset then reads it
+    ("Using the latest cached version of the dataset"). Runs in a child process, so this
+    process's datasets settings are untouched."""
+    script = """
+import json, os, shutil, sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+from datasets import config
+from datasets.packaged_modules.parquet.parquet import Parquet
+rows = json.loads(sys.argv[1])
+work = Path(sys.argv[2])
+files = {}
+for split, part in (("train", rows), ("test", rows[:2])):
+    files[split] = str(work / f"{split}.parquet")
+    pq.write_table(pa.Table.from_pylist(part), files[split])
+builder = Parquet(dataset_name="gsm8k", config_name="main", data_files=files)
+builder.download_and_prepare()
+# The hub-loaded layout: <cache>/openai___gsm8k/main/0.0.0/<revision>/
+target = Path(config.HF_DATASETS_CACHE) / "openai___gsm8k" / "main" / "0.0.0" / ("0" * 40)
+target.parent.mkdir(parents=True)
+shutil.move(builder.cache_dir, target)
+shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "gsm8k")
+"""
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    subprocess.run(
+        [sys.executable, "-c", script, json.dumps(rows), str(work)], check=True, env=env,
+        capture_output=True,
+    )

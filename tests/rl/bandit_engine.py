@@ -99,9 +99,15 @@ class BanditEngine:
         return [BASE]
 
     def create_model(
-        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+        self,
+        model_id: str,
+        base_model: str,
+        lora: LoraSpec,
+        *,
+        value_head: str | None = None,
+        optimizer: str = "adamw",
     ) -> ModelInfo:
-        if base_model != BASE or value_head is not None:
+        if base_model != BASE or value_head is not None or optimizer != "adamw":
             raise EngineError(f"the bandit engine has only {BASE!r}, without value heads")
         self.models[model_id] = _Model(np.zeros(VOCAB), lora)
         return self.model_info(model_id)

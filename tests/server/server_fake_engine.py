@@ -100,7 +100,11 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.batch_models = False
-        self.loss_inputs: LossInputs = {"cross_entropy": ("weights",)}
+        # stable_reinforce and custom are announced so that the server's own checks of their
+        # inputs (stability records, custom losses) can be exercised; running them fails.
+        self.loss_inputs: LossInputs = {
+            "cross_entropy": ("weights",), "stable_reinforce": ("advantages",), "custom": (),
+        }
         self.sampling = FakeSampling(self)
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, tuple[str, np.ndarray]] = {}
@@ -122,13 +126,21 @@ class FakeEngine:
         return self.models[model_id]
 
     def create_model(
-        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+        self,
+        model_id: str,
+        base_model: str,
+        lora: LoraSpec,
+        *,
+        value_head: str | None = None,
+        optimizer: str = "adamw",
     ) -> ModelInfo:
         self._record("create_model", model_id, base_model)
         if base_model not in self.BASE_MODELS:
             raise EngineError(f"unknown base model {base_model!r}")
         if value_head is not None:
             raise EngineError("the fake engine has no value heads")
+        if optimizer != "adamw":
+            raise EngineError("the fake engine has only plain gradient steps (adamw)")
         self.models[model_id] = _Model(base_model, lora, np.zeros(VOCAB))
         return self.model_info(model_id)
 
@@ -189,7 +201,9 @@ class FakeEngine:
             metrics={"loss:sum": loss},
         )
 
-    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+    def optim_step(
+        self, model_id: str, params: types.AdamParams | types.DimuonParams
+    ) -> types.OptimStepResponse:
         self._record("optim_step", model_id, params.learning_rate)
         model = self._model(model_id)
         norm = float(np.linalg.norm(model.grad))

@@ -1037,3 +1037,281 @@ def test_surface_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
     sampler = server.client().create_sampling_client(base_model="fake/base").result()
     out = sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2))
     assert len(out.result().sequences) == 1
+
+
+# =================================================================================================
+# Training-side inputs of SDK 0.38 (issue 16): stability records and provenance
+# (stable_reinforce), server-side custom losses, optimizer families. Each is refused with a 4xx
+# naming the problem, and the server keeps serving. The server checks all of these itself, before
+# the engine sees the call, so the fake engine serves them as well as the real one.
+# =================================================================================================
+
+PROMPT = [3, 4, 5, 6]
+
+
+def _raw_session(http: httpx.Client) -> str:
+    body = {"sdk_version": "0.38.0", "tags": [], "user_metadata": None}
+    return _post(http, "/api/v1/create_session", body)["session_id"]
+
+
+def _raw_model(http: httpx.Client, session_id: str, **extra: Any) -> str:
+    created = _post(
+        http,
+        "/api/v1/create_model",
+        {"session_id": session_id, "model_seq_id": 0, "base_model": "fake/base", **extra},
+    )
+    return json.loads(_wait(http, created["request_id"]).content)["model_id"]
+
+
+def _recorded_sequences(http: httpx.Client, session_id: str, n: int = 2) -> list[tuple[str, list[int]]]:
+    """(sequence_id, sampled tokens) of a sample with record_stability_info, made raw."""
+    sampler = _post(
+        http,
+        "/api/v1/create_sampling_session",
+        {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": "fake/base"},
+    )["sampling_session_id"]
+    answer = _post(
+        http,
+        "/api/v1/asample",
+        {
+            "sampling_session_id": sampler,
+            "seq_id": 0,
+            "num_samples": n,
+            "prompt": types.ModelInput.from_ints(PROMPT).model_dump(mode="json"),
+            "sampling_params": {"max_tokens": 4, "seed": 3, "stop": []},
+            "record_stability_info": True,
+        },
+    )
+    result = pb.SampleResponse()
+    result.ParseFromString(_wait(http, answer["request_id"]).content)
+    tokens = [np.frombuffer(s.tokens, np.int32).tolist() for s in result.sequences]
+    return list(zip(answer["sample_sequence_ids"], tokens))
+
+
+def _provenance_datum(
+    sequence_id: str,
+    sampled: list[int],
+    *,
+    input_lengths: tuple[int, int] | None = None,
+    sampled_offset: int = 0,
+    token_shift: int = 0,
+) -> types.Datum:
+    """rl_loop's layout: prompt + sampled, shifted by one, with provenance naming `sequence_id`;
+    the keywords break it in one way each."""
+    tokens = PROMPT + sampled[:-1]
+    tokens[0] = (tokens[0] + token_shift) % 64
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={
+            "target_tokens": PROMPT[1:] + sampled,
+            "advantages": [0.0] * (len(PROMPT) - 1) + [1.0] * len(sampled),
+        },
+    )
+    prompt_len, sampled_len = input_lengths or (len(PROMPT), len(sampled) - 1)
+    # Datum.with_provenance checks the tiling itself; miscounted runs are sent as a
+    # hand-built client would.
+    return types.Datum(
+        model_input=datum.model_input,
+        loss_fn_inputs=datum.loss_fn_inputs,
+        model_input_spans=[
+            types.PromptProvenanceSpan(sequence_id=sequence_id, length=prompt_len),
+            types.SampledProvenanceSpan(sequence_id=sequence_id, length=sampled_len),
+        ],
+        loss_fn_input_spans=[
+            types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=len(PROMPT) - 1),
+            types.SampledProvenanceSpan(
+                sequence_id=sequence_id, offset=sampled_offset, length=len(sampled)
+            ),
+        ],
+    )
+
+
+def _traced_graph() -> dict[str, Any]:
+    """A custom loss as the SDK uploads it (neg_ll over logprobs and weights)."""
+    from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
+
+    def neg_ll(logprobs, weights):
+        loss = -(logprobs * weights).sum()
+        return loss, {"custom/neg_ll:sum": loss}
+
+    handle = trace_loss(neg_ll, {"logprobs": 1, "weights": 1}, "unused")
+    return {
+        "name": handle.name,
+        "inputs": [i.model_dump(mode="json") for i in handle.inputs],
+        "graph": encode_graph(handle).model_dump(mode="json"),
+    }
+
+
+def _with_node(graph: dict[str, Any], position: int, node: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(graph)
+    changed["graph"]["nodes"].insert(position, node)
+    return changed
+
+
+def test_training_side_inputs_get_named_4xx_and_the_server_keeps_serving(
+    server: FakeServer,
+) -> None:
+    svc = server.server.service
+    failures: list[str] = []
+
+    def expect_4xx(what: str, answer: httpx.Response, fragment: str) -> None:
+        try:
+            message = answer.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            failures.append(f"{what}: {answer.status_code} {answer.text[:200]!r}")
+            return
+        if not (400 <= answer.status_code < 500 and fragment in message):
+            failures.append(f"{what}: {answer.status_code} {message!r}")
+
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        mine, other = _raw_session(http), _raw_session(http)
+        model = _raw_model(http, mine)
+        (sid, sampled), (sid2, _) = _recorded_sequences(http, mine)
+        (foreign, foreign_sampled), _ = _recorded_sequences(http, other)
+        seq = 1
+
+        def train(what: str, data: list[types.Datum], fragment: str,
+                  loss_fn: str = "stable_reinforce", config: dict[str, Any] | None = None) -> None:
+            nonlocal seq
+            request = types.ForwardBackwardRequest(
+                forward_backward_input=types.ForwardBackwardInput(
+                    data=data, loss_fn=loss_fn, loss_fn_config=config  # type: ignore[arg-type]
+                ),
+                model_id=model,
+                seq_id=seq,
+            )
+            body = forward_backward_request_to_proto(request).SerializeToString()
+            seq += 1
+            expect_4xx(what, http.post("/api/v1/forward_backward", content=body, headers=PROTO),
+                       fragment)
+
+        # -- stability records and provenance ------------------------------------------------
+        good = _provenance_datum(sid, sampled)
+        train("unknown id", [good, _provenance_datum("nobody:sample:0:0:0", sampled)],
+              "datum 1: sequence_id 'nobody:sample:0:0:0' has no stability record")
+        train("other session", [_provenance_datum(foreign, foreign_sampled)],
+              "sampled in another session")
+        plain = types.Datum(model_input=good.model_input, loss_fn_inputs=good.loss_fn_inputs)
+        train("no provenance", [good, plain], "datum 1: stable_reinforce")
+        train("runs short", [_provenance_datum(sid, sampled, input_lengths=(2, 3))],
+              "model_input_spans cover 5 positions")
+        train("past the record", [_provenance_datum(sid, sampled, sampled_offset=2)],
+              "covers positions [2, 6) of its sampled tokens")
+        train("other tokens", [_provenance_datum(sid, sampled, token_shift=1)],
+              "datum position 0 holds token 4")
+        train("wrong sequence", [_provenance_datum(sid2, sampled)], "recorded sampled tokens")
+        # Provenance is checked for tiling whatever the loss.
+        crossed = _provenance_datum(sid, sampled, input_lengths=(1, 1))
+        ce = types.Datum(
+            model_input=crossed.model_input,
+            loss_fn_inputs={"target_tokens": PROMPT[1:] + sampled,
+                            "weights": [1.0] * (len(PROMPT) + len(sampled) - 1)},
+            model_input_spans=crossed.model_input_spans,
+            loss_fn_input_spans=crossed.loss_fn_input_spans,
+        )
+        train("cross_entropy with miscounted runs", [ce], "model_input_spans cover 2 positions",
+              loss_fn="cross_entropy")
+        # Half of a pair, and an empty run, straight on the wire.
+        for what, edit, fragment in (
+            ("half a pair", lambda d: d.ClearField("loss_fn_input_spans"), "comes as a pair"),
+            ("empty run", lambda d: d.model_input_spans.add(), "is empty"),
+        ):
+            msg = pb.ForwardBackwardRequest()
+            msg.ParseFromString(_fb_body(model, seq, [good], loss_fn="stable_reinforce"))
+            edit(msg.data[0])
+            seq += 1
+            expect_4xx(what, http.post("/api/v1/forward_backward",
+                                       content=msg.SerializeToString(), headers=PROTO), fragment)
+
+        # Expired: records last used longer ago than the server keeps them.
+        keep = svc.settings.stability_keep_s
+        svc.settings.stability_keep_s = 0.2
+        try:
+            time.sleep(0.4)
+            train("expired", [good], "expired")
+        finally:
+            svc.settings.stability_keep_s = keep
+
+        # -- custom losses -------------------------------------------------------------------
+        graph = _traced_graph()
+
+        loss_seq = iter(range(100, 200))
+
+        def create_loss(what: str, body: dict[str, Any], fragment: str) -> None:
+            request = {"session_id": mine, "custom_loss_seq_id": next(loss_seq), **body}
+            expect_4xx(what, http.post("/api/v1/create_custom_loss", json=request), fragment)
+
+        off_list = [
+            ("call_function", "builtins.eval"), ("call_function", "os.system"),
+            ("call_function", "torch.load"), ("call_function", "torch.save"),
+            ("call_function", "subprocess.run"), ("call_function", "torch.Tensor.__reduce__"),
+            ("call_method", "numpy"), ("call_method", "item"), ("call_method", "copy_"),
+            ("call_method", "__setattr__"), ("get_attr", "weights"), ("call_module", "fc"),
+        ]
+        for op, target in off_list:
+            node = {"op": op, "name": "evil", "target": target, "args": [{"ref": "logprobs"}]}
+            create_loss(f"{op} {target}", _with_node(graph, 2, node), repr(target))
+        create_loss("getattr of a private attribute",
+                    _with_node(graph, 2, {"op": "call_function", "name": "g", "target": "getattr",
+                                          "args": [{"ref": "logprobs"}, "__class__"]}),
+                    "reads attribute")
+        create_loss("reference ahead", _with_node(graph, 2, {
+            "op": "call_function", "name": "x", "target": "torch.exp", "args": [{"ref": "later"}],
+        }), "no earlier node")
+        bad_metric = copy.deepcopy(graph)
+        output = bad_metric["graph"]["nodes"][-1]["args"][0]["tuple"][1]["dict"]
+        output["loss"] = output.pop("custom/neg_ll:sum")
+        create_loss("metric name", bad_metric, "custom/<name>:sum")
+        create_loss("missing graph", {"name": "x", "inputs": graph["inputs"]},
+                    "invalid create_custom_loss")
+        expect_4xx("custom loss for an unknown session",
+                   http.post("/api/v1/create_custom_loss",
+                             json={"session_id": "nobody", "custom_loss_seq_id": 0, **graph}),
+                   "unknown session_id")
+
+        created = _post(http, "/api/v1/create_custom_loss",
+                        {"session_id": other, "custom_loss_seq_id": 0, **graph})
+        foreign_loss = json.loads(_wait(http, created["request_id"]).content)["loss_id"]
+        custom_datum = _datum([1, 2])
+        train("unknown loss id", [custom_datum], "unknown custom loss_id 'loss-nope'",
+              loss_fn="custom", config={"loss_id": "loss-nope"})
+        train("loss of another session", [custom_datum], "only clients of that session",
+              loss_fn="custom", config={"loss_id": foreign_loss})
+        train("custom without a loss id", [custom_datum], "exactly one loss_fn_config entry",
+              loss_fn="custom")
+
+        # -- optimizer families --------------------------------------------------------------
+        for what, params, fragment in (
+            ("dimuon params for an adam model",
+             {"type": "dimuon", "learning_rate": 0.01}, "uses the adamw optimizer"),
+            ("dimuon beta1 out of range",
+             {"type": "dimuon", "learning_rate": 0.01, "beta1": 1.5}, "beta1"),
+            ("dimuon negative learning rate",
+             {"type": "dimuon", "learning_rate": -1.0}, "learning_rate"),
+            ("dimuon unknown field",
+             {"type": "dimuon", "learning_rate": 0.01, "damping": 0.1}, "damping"),
+            ("unknown family", {"type": "lion", "learning_rate": 0.01}, "'lion'"),
+        ):
+            step = {"model_id": model, "seq_id": seq, "optimizer_params": params}
+            seq += 1
+            expect_4xx(what, http.post("/api/v1/optim_step", json=step), fragment)
+        for what, optimizer, fragment in (
+            ("unknown optimizer", {"type": "sgd"}, "'sgd' is not supported"),
+            ("dimuon version", {"type": "dimuon", "version": 2}, "version"),
+        ):
+            body = {"session_id": mine, "model_seq_id": 50 + len(failures) + seq,
+                    "base_model": "fake/base", "optimizer_config": optimizer}
+            expect_4xx(what, http.post("/api/v1/create_model", json=body), fragment)
+
+        assert not failures, f"{len(failures)}:\n" + "\n".join(failures)
+
+        # Every refused request took its slot: the model's next request runs at once.
+        fb = _post_ok(http, "/api/v1/forward_backward", content=_fb_body(model, seq, [_datum([1])]),
+                      headers=PROTO)
+        assert _wait(http, fb["request_id"]).headers["content-type"] == PROTO["Content-Type"]
+
+    # The server still serves: a valid SDK flow.
+    service = server.client()
+    trainer = service.create_lora_training_client("fake/base", rank=4).result()
+    assert trainer.forward_backward([_datum([1, 2, 3])], "cross_entropy").result().metrics
+    assert trainer.optim_step(types.AdamParams(learning_rate=0.1)).result().metrics

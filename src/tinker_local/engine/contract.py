@@ -26,11 +26,12 @@ Rules that keep what comes next (the whole SDK surface, a distributed engine) of
   `SamplingParams.seed`), drawn by the engine. A distributed engine, where rank 0 serves HTTP
   and every rank executes the same commands in the same order, is then a rank-0 wrapper
   implementing `Engine` that sets those seeds and broadcasts each call.
-- New options arrive as new fields or keyword arguments with defaults: an optimizer config
-  (Dimuon) at `create_model`, `types.DimuonParams` at `optim_step`, more losses (announced in
-  `loss_inputs`; server-side custom losses as a field of `ForwardBackwardCall`), more sampling
-  options (`target_prompt_logprobs`, `prompt_alt_tokens_k`) on `SamplingRequest`, per-sequence
-  stability records as a `create_sampler` option.
+- New options arrive as new fields or keyword arguments with defaults, as these did: the
+  optimizer family at `create_model(optimizer=...)` (AdamW or Dimuon, `types.DimuonParams` at
+  `optim_step`), the sampler's records of each datum (`Behavior`, for `stable_reinforce`) and a
+  server-side custom loss (`CustomLoss`, checked without torch by `check_custom_loss`) as
+  fields of `ForwardBackwardCall`. Sampling options (`target_prompt_logprobs`,
+  `prompt_alt_tokens_k`) would be fields of `SamplingRequest`.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ from typing import Any, Protocol
 
 from tinker import types
 
+from tinker_local.engine.custom_loss_ops import check_custom_loss
 from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
     "DEFAULT_LORA_ALPHA",
+    "OPTIMIZERS",
+    "Behavior",
     "CheckpointMeta",
+    "CustomLoss",
     "Engine",
     "EngineError",
     "EngineFactory",
@@ -61,6 +66,7 @@ __all__ = [
     "SampleOutcome",
     "SamplingBackend",
     "SamplingRequest",
+    "check_custom_loss",
     "read_checkpoint_meta",
     "write_checkpoint_meta",
 ]
@@ -68,6 +74,11 @@ __all__ = [
 # Each loss an engine implements -> the loss_fn_inputs it requires besides target_tokens. The
 # server refuses an unknown loss or a missing input with a 4xx before queueing the call.
 LossInputs = Mapping[str, tuple[str, ...]]
+
+# The optimizer families a training model may use (`create_model(optimizer=...)`), named as the
+# SDK's OptimizerConfig `type`: AdamW (`types.AdamParams` per step) and Dimuon
+# (`types.DimuonParams`).
+OPTIMIZERS = ("adamw", "dimuon")
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -119,6 +130,7 @@ class ModelInfo:
     tokenizer_path: str  # a local folder AutoTokenizer.from_pretrained can read
     vocab_size: int  # valid token ids are [0, vocab_size)
     value_head: str | None = None  # the value head's kind, for a value model (extension)
+    optimizer: str = "adamw"  # one of OPTIMIZERS
 
     @property
     def lora_rank(self) -> int:
@@ -126,14 +138,42 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Behavior:
+    """What a sampler recorded about one datum's target positions (for `stable_reinforce`),
+    resolved by the server from the datum's provenance: the sampler's logprob of each target
+    token (NaN where the token was not sampled), and 1.0 where it was sampled, 0.0 where it was
+    part of a prompt."""
+
+    logprobs: tuple[float, ...]
+    sampled: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class CustomLoss:
+    """A custom loss as the SDK traced it (`create_custom_loss`): its inputs, `logprobs`
+    first, and its graph as plain data. The engine rebuilds it from its allow-list of
+    operations (`check_custom_loss` says what that list refuses, without torch)."""
+
+    loss_id: str
+    name: str
+    inputs: tuple[types.CustomLossInput, ...]
+    graph: types.CustomLossGraph
+
+
+@dataclass(frozen=True)
 class ForwardBackwardCall:
-    """One model's forward_backward (or, with `forward_only`, forward) over `data`."""
+    """One model's forward_backward (or, with `forward_only`, forward) over `data`.
+
+    `behavior`: one per datum, for a loss that trains on the sampler's records
+    (`stable_reinforce`); `custom_loss`: the loss that `loss_fn="custom"` runs."""
 
     model_id: str
     data: list[types.Datum]
     loss_fn: str
     loss_fn_config: Mapping[str, float] | None = None
     forward_only: bool = False
+    behavior: tuple[Behavior, ...] | None = None
+    custom_loss: CustomLoss | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +225,7 @@ class CheckpointMeta:
     has_optimizer: bool = False
     kind: str = "state"  # "state" (save_state), "sampler" (save_sampler_weights), "peft" (foreign)
     value_head: str | None = None  # the value head's kind when the folder holds one (extension)
+    optimizer: str = "adamw"  # the optimizer family of the model it was saved from
 
 
 def write_checkpoint_meta(
@@ -199,6 +240,7 @@ def write_checkpoint_meta(
         **(extra or {}),
         "step": meta.step,
         "has_optimizer": meta.has_optimizer,
+        "optimizer": meta.optimizer,
     }
     if meta.value_head is not None:
         record["value_head"] = meta.value_head
@@ -231,6 +273,7 @@ def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
             and (directory / OPTIMIZER_FILE).is_file(),
             kind=str(record.get("kind", "state")),
             value_head=None if record.get("value_head") is None else str(record["value_head"]),
+            optimizer=str(record.get("optimizer", "adamw")),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise user_error(f"{meta_path} is not a valid checkpoint record: {error}") from None
@@ -323,10 +366,17 @@ class Engine(Protocol):
     # -- training models --------------------------------------------------------------------
 
     def create_model(
-        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+        self,
+        model_id: str,
+        base_model: str,
+        lora: LoraSpec,
+        *,
+        value_head: str | None = None,
+        optimizer: str = "adamw",
     ) -> ModelInfo:
         """A LoRA training model (with `value_head`, a kind such as "mlp": also a scalar value
-        head, trained with the `value_mse` loss; a tinker-local extension)."""
+        head, trained with the `value_mse` loss; a tinker-local extension). `optimizer`: one of
+        OPTIMIZERS, fixed for the model's life."""
         ...
 
     def model_info(self, model_id: str) -> ModelInfo: ...
@@ -343,7 +393,11 @@ class Engine(Protocol):
         output or the exception that failed it alone; results equal separate calls."""
         ...
 
-    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse: ...
+    def optim_step(
+        self, model_id: str, params: types.AdamParams | types.DimuonParams
+    ) -> types.OptimStepResponse:
+        """One step of the model's optimizer; params of another family are refused."""
+        ...
 
     def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
         """Write a checkpoint folder that `read_checkpoint_meta` describes."""
@@ -351,7 +405,9 @@ class Engine(Protocol):
 
     def save_sampler_weights(self, model_id: str, directory: Path) -> None: ...
 
-    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None: ...
+    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
+        """With `with_optimizer`, the checkpoint's optimizer must be the model's family."""
+        ...
 
     def unload_model(self, model_id: str) -> None: ...
 

@@ -30,7 +30,9 @@ from tinker_local import config
 from tinker_local.engine import checkpoints, models
 from tinker_local.engine.adapters import AdapterPool
 from tinker_local.engine.contract import (
+    OPTIMIZERS,
     CheckpointMeta,
+    CustomLoss,
     ForwardBackwardCall,
     LoraSpec,
     LossInputs,
@@ -38,6 +40,8 @@ from tinker_local.engine.contract import (
     SamplingRequest,
     read_checkpoint_meta,
 )
+from tinker_local.engine.custom_loss import CompiledLoss
+from tinker_local.engine.dimuon import DimuonOptimizer
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.forward_backward import TrainingCall, run_training_calls
 from tinker_local.engine.logprobs import (
@@ -52,7 +56,7 @@ from tinker_local.engine.losses import (
     prepare_data,
     resolve_config,
 )
-from tinker_local.engine.optimizer import AdapterOptimizer
+from tinker_local.engine.optimizer import AdapterOptimizer, TrainableParams
 from tinker_local.engine.sampler import Sampler
 from tinker_local.engine.sampling_service import (
     ContinuousSampling,
@@ -88,8 +92,16 @@ class _Base:
 class _TrainingModel:
     base_model: str
     spec: LoraSpec
-    optimizer: AdapterOptimizer
+    optimizer: TrainableParams  # AdapterOptimizer (AdamW) or DimuonOptimizer
     value_head: ValueHead | None = None
+
+
+def _new_optimizer(
+    family: str, params: dict[str, torch.nn.Parameter], lora: LoraSpec
+) -> TrainableParams:
+    if family == "dimuon":
+        return DimuonOptimizer(params, lora.rank)
+    return AdapterOptimizer(params)
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class Engine:
         self._models: dict[str, _TrainingModel] = {}
         self._samplers: dict[str, _SamplerEntry] = {}
         self.sampling: EngineSampling = sampling(self._resolve_sampler)
+        self._custom_losses: dict[str, CompiledLoss] = {}
         limit_heap_fragmentation()
 
     @property
@@ -168,28 +181,46 @@ class Engine:
     # ---- training models ---------------------------------------------------------------------
 
     def create_model(
-        self, model_id: str, base_model: str, lora: LoraSpec, *, value_head: str | None = None
+        self,
+        model_id: str,
+        base_model: str,
+        lora: LoraSpec,
+        *,
+        value_head: str | None = None,
+        optimizer: str = "adamw",
     ) -> ModelInfo:
         """A LoRA training model; with `value_head` (a kind, "mlp") also a scalar value head on
-        its final hidden states, trained with the `value_mse` loss (tinker-local extension)."""
+        its final hidden states, trained with the `value_mse` loss (tinker-local extension).
+        `optimizer`: "adamw" or "dimuon" (dimuon.py), for the model's whole life."""
         if model_id in self._models:
             raise user_error(f"model {model_id!r} already exists")
         lora.validate()
+        if optimizer not in OPTIMIZERS:
+            raise user_error(f"optimizer {optimizer!r} is not one of {list(OPTIMIZERS)}")
         if value_head is not None:
             check_kind(value_head)
+            if optimizer != "adamw":
+                raise user_error("a value model (value head) trains with AdamW only")
         base = self._base(base_model)
         key = _train_key(model_id)
         base.pool.create(key, lora)
-        head = None if value_head is None else self._new_head(base, lora, value_head)
-        optimizer = AdapterOptimizer(_trainable(base.pool, key, head))
-        self._models[model_id] = _TrainingModel(base_model, lora, optimizer, head)
+        try:
+            head = None if value_head is None else self._new_head(base, lora, value_head)
+            trainer = _new_optimizer(optimizer, _trainable(base.pool, key, head), lora)
+        except BaseException:
+            base.pool.remove(key)
+            raise
+        self._models[model_id] = _TrainingModel(base_model, lora, trainer, head)
         return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
         model = self._model(model_id)
         base = self._bases[model.base_model]
         kind = None if model.value_head is None else model.value_head.kind
-        return ModelInfo(model.base_model, model.spec, str(base.loaded.folder), base.vocab, kind)
+        return ModelInfo(
+            model.base_model, model.spec, str(base.loaded.folder), base.vocab, kind,
+            model.optimizer.family,
+        )
 
     def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
@@ -247,7 +278,9 @@ class Engine:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def optim_step(self, model_id: str, params: types.AdamParams) -> types.OptimStepResponse:
+    def optim_step(
+        self, model_id: str, params: types.AdamParams | types.DimuonParams
+    ) -> types.OptimStepResponse:
         return types.OptimStepResponse(metrics=self._model(model_id).optimizer.step(params))
 
     def save_state(self, model_id: str, directory: Path, with_optimizer: bool = True) -> None:
@@ -269,6 +302,13 @@ class Engine:
                 f"checkpoint {directory} was trained on {meta.base_model!r}, but model "
                 f"{model_id!r} uses {model.base_model!r}"
             )
+        family = model.optimizer.family
+        if with_optimizer and meta.optimizer != family:
+            raise user_error(
+                f"checkpoint {directory} holds {meta.optimizer} optimizer state, but model "
+                f"{model_id!r} uses {family}; load it without the optimizer, or create the "
+                "model from it (create_training_client_from_state_with_optimizer)"
+            )
         # Read everything first, so a bad file leaves the model untouched.
         weights = checkpoints.load_adapter_weights(Path(directory))
         head_state = (
@@ -284,7 +324,7 @@ class Engine:
         if meta.value_head is not None:  # into a new module: the model's own stays as it was
             head = self._new_head(base, model.spec, meta.value_head)  # until all is loaded
             head.load(head_state)
-        fresh = AdapterOptimizer(_trainable(pool, key, head))
+        fresh = _new_optimizer(family, _trainable(pool, key, head), model.spec)
         if optimizer_state is not None:
             fresh.load_state_dict(optimizer_state)
         pool.load_state_dict(key, weights)
@@ -361,7 +401,11 @@ class Engine:
                 f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
                 "extension)"
             )
-        prepared = prepare_data(call.data, loss, base.vocab)
+        custom = self._custom_loss(call.custom_loss) if loss.custom else None
+        prepared = prepare_data(
+            call.data, loss, base.vocab, behavior=call.behavior,
+            custom_inputs=custom.inputs if custom is not None else (),
+        )
         check_call(loss, prepared, config, call.forward_only)
         return base, TrainingCall(
             adapter_key=_train_key(call.model_id),
@@ -370,7 +414,23 @@ class Engine:
             config=config,
             params=list(model.optimizer.params),
             value_head=model.value_head,
+            custom=custom,
         )
+
+    def _custom_loss(self, loss: CustomLoss | None) -> CompiledLoss:
+        """The call's custom loss, rebuilt from the allow-list (once per loss id)."""
+        if loss is None:
+            raise user_error(
+                "loss_fn 'custom' runs a loss created with create_custom_loss; this call names "
+                "none"
+            )
+        compiled = self._custom_losses.get(loss.loss_id)
+        if compiled is None:
+            compiled = CompiledLoss(loss)
+            if len(self._custom_losses) >= 1024:  # a bound, not a policy: rebuilding is cheap
+                self._custom_losses.clear()
+            self._custom_losses[loss.loss_id] = compiled
+        return compiled
 
     def _run_calls(
         self, base: _Base, calls: list[TrainingCall], forward_only: bool
@@ -443,6 +503,7 @@ class Engine:
             has_optimizer=optimizer_state is not None,
             kind=kind,
             value_head=None if head is None else head.kind,
+            optimizer=model.optimizer.family,
         )
         checkpoints.save_adapter_folder(
             Path(directory),

@@ -24,6 +24,7 @@ from tinker import types
 from torch import nn
 
 from tinker_local.engine.adapters import AdapterPool
+from tinker_local.engine.custom_loss import CompiledLoss
 from tinker_local.engine.logprobs import (
     OutputRequest,
     Sequence,
@@ -46,6 +47,7 @@ class TrainingCall:
     config: dict[str, float]
     params: list[nn.Parameter]  # every trainable parameter of the model (its gradients)
     value_head: nn.Module | None = None  # used only by a value loss
+    custom: CompiledLoss | None = None  # the loss `loss_fn="custom"` runs, per datum
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def _run(
     entropy = [call.loss.needs_entropy(call.config) for call in calls]
     outputs: list[list[dict[str, types.TensorData]]] = [[{} for _ in c.data] for c in calls]
     totals = [0.0] * len(calls)
+    custom_metrics: list[dict[str, float]] = [{} for _ in calls]
     rows: list[_Row] = []
     for c, seqs in enumerate(sequences):
         planned = plan_packed_rows(
@@ -144,22 +147,26 @@ def _run(
                 computed = grouped_sequence_forward(
                     model, [sequences[c][i] for c, i in members], requests, rows=packed
                 )
-                call_losses: dict[int, torch.Tensor] = {}
+                call_losses: dict[int, list[torch.Tensor]] = {}
                 for n, ((c, i), out) in enumerate(zip(members, computed)):
                     call = calls[c]
                     # A value loss reads the values where the others read logprobs.
                     main = out.values if call.loss.values else out.logprobs
-                    token_losses = elementwise_loss(
-                        call.loss, main, call.data[i], call.config, entropy=out.entropy
-                    )
-                    call_losses.setdefault(c, []).append(token_losses.sum())
                     name = "values" if call.loss.values else "logprobs"
-                    outputs[c][i] = {
-                        name: types.TensorData.from_torch(main.detach().float().cpu()),
-                        "elementwise_loss": types.TensorData.from_torch(
+                    outputs[c][i] = {name: types.TensorData.from_torch(main.detach().float().cpu())}
+                    if call.custom is not None:
+                        datum_loss, metrics = call.custom(i, main, call.data[i].inputs)
+                        for key, value in metrics.items():
+                            custom_metrics[c][key] = custom_metrics[c].get(key, 0.0) + float(value)
+                    else:
+                        token_losses = elementwise_loss(
+                            call.loss, main, call.data[i], call.config, entropy=out.entropy
+                        )
+                        datum_loss = token_losses.sum()
+                        outputs[c][i]["elementwise_loss"] = types.TensorData.from_torch(
                             token_losses.detach().float().cpu()
-                        ),
-                    }
+                        )
+                    call_losses.setdefault(c, []).append(datum_loss)
                     if out.entropy is not None:
                         outputs[c][i]["entropy"] = types.TensorData.from_torch(
                             out.entropy.detach().float().cpu()
@@ -173,10 +180,16 @@ def _run(
         types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
             loss_fn_outputs=outputs[c],
-            metrics={"loss:sum": totals[c]},
+            metrics={"loss:sum": totals[c], **_reduced(custom_metrics[c], len(calls[c].data))},
         )
         for c in range(len(calls))
     ]
+
+
+def _reduced(sums: dict[str, float], count: int) -> dict[str, float]:
+    """A custom loss's per-datum metrics over the call: `:sum` summed, `:mean` averaged (what
+    the SDK's client-side path reports)."""
+    return {k: v / count if k.endswith(":mean") else v for k, v in sums.items()}
 
 
 def _route(pool: AdapterPool, keys: list[str], batch_rows: list[_Row]) -> Route:

@@ -1,9 +1,11 @@
-"""Per-adapter AdamW, driven by the SDK's `AdamParams` one step at a time.
+"""Per-adapter AdamW, driven by the SDK's `AdamParams` one step at a time, and what every
+optimizer family shares (`TrainableParams`: gradients, their norm and clipping).
 
 The SDK documents its Adam as identical to `torch.optim.AdamW` (decoupled weight decay:
 p <- p * (1 - lr * weight_decay)), so that is what runs here. Hyperparameters come with every
 `optim_step` call (RL loops use schedules), so they are written into the param group each step.
 Gradients accumulate in `.grad` across forward_backward calls and are cleared after the step.
+The other family, Dimuon, is in dimuon.py.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def check_adam_params(adam: object) -> types.AdamParams:
     return adam
 
 
-class AdapterOptimizer:
-    """AdamW over one adapter's parameters, given as {stable name: parameter}."""
+class TrainableParams:
+    """One model's parameters by stable name, their accumulated gradients, and a step count."""
+
+    family = ""
 
     def __init__(self, params: dict[str, torch.nn.Parameter]):
         if not params:
@@ -45,14 +49,6 @@ class AdapterOptimizer:
         self.names = list(params)
         self.params = list(params.values())
         self.steps = 0
-        defaults = types.AdamParams()
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=defaults.learning_rate,
-            betas=(defaults.beta1, defaults.beta2),
-            eps=defaults.eps,
-            weight_decay=defaults.weight_decay,
-        )
 
     def has_gradients(self) -> bool:
         return any(p.grad is not None for p in self.params)
@@ -63,16 +59,14 @@ class AdapterOptimizer:
         return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
 
-    def step(self, adam: types.AdamParams) -> dict[str, float]:
-        """One AdamW step on the accumulated gradients; returns `name:reduction` metrics.
-
-        No gradients since the last step counts as a zero gradient (the moments still decay and
-        weight decay still applies), as it would in any framework that zeroes rather than drops
-        gradients. A non-finite gradient norm refuses the step and discards the gradients.
-        """
-        check_adam_params(adam)
+    def prepare_gradients(self, clip_norm: float) -> float:
+        """Missing gradients become zeros (no gradients since the last step count as a zero
+        gradient, as in any framework that zeroes rather than drops them); returns the global
+        norm before clipping to `clip_norm` (clipping is off when it is not positive). A
+        non-finite norm refuses the step and discards the gradients."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -83,10 +77,60 @@ class AdapterOptimizer:
                 "gradient norm is not finite (NaN/inf in the loss inputs' effect); the step was "
                 "skipped and the accumulated gradients were discarded"
             )
-        if adam.grad_clip_norm > 0 and grad_norm > adam.grad_clip_norm:
-            scale = adam.grad_clip_norm / (grad_norm + 1e-6)
+        if clip_norm > 0 and grad_norm > clip_norm:
+            scale = clip_norm / (grad_norm + 1e-6)
             for p in self.params:
                 p.grad.mul_(scale)
+        return grad_norm
+
+    def check_params(self, params: object, expected: type) -> None:
+        if not isinstance(params, expected):
+            raise user_error(
+                f"this model uses the {self.family} optimizer, chosen when it was created; "
+                f"optim_step needs {expected.__name__}, got {type(params).__name__}"
+            )
+
+    def check_state(self, state: object) -> dict:
+        if not isinstance(state, dict) or state.get("format") != OPTIMIZER_FORMAT:
+            raise user_error("optimizer state has an unknown format")
+        family = state.get("family", "adamw")
+        if family != self.family:
+            raise user_error(
+                f"the optimizer state is {family}'s, but this model uses {self.family}"
+            )
+        if list(state.get("param_names", [])) != self.names:
+            raise user_error(
+                "optimizer state belongs to a different LoRA layout (parameter names differ)"
+            )
+        return state
+
+
+class AdapterOptimizer(TrainableParams):
+    """AdamW over one adapter's parameters, given as {stable name: parameter}."""
+
+    family = "adamw"
+
+    def __init__(self, params: dict[str, torch.nn.Parameter]):
+        super().__init__(params)
+        defaults = types.AdamParams()
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=defaults.learning_rate,
+            betas=(defaults.beta1, defaults.beta2),
+            eps=defaults.eps,
+            weight_decay=defaults.weight_decay,
+        )
+
+    def step(self, adam: types.AdamParams) -> dict[str, float]:
+        """One AdamW step on the accumulated gradients; returns `name:reduction` metrics.
+
+        No gradients since the last step counts as a zero gradient (the moments still decay and
+        weight decay still applies). A non-finite gradient norm refuses the step and discards
+        the gradients.
+        """
+        self.check_params(adam, types.AdamParams)
+        check_adam_params(adam)
+        grad_norm = self.prepare_gradients(adam.grad_clip_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = adam.learning_rate
             group["betas"] = (adam.beta1, adam.beta2)
@@ -106,18 +150,14 @@ class AdapterOptimizer:
     def state_dict(self) -> dict:
         return {
             "format": OPTIMIZER_FORMAT,
+            "family": self.family,
             "param_names": list(self.names),
             "steps": self.steps,
             "adamw": self.optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("format") != OPTIMIZER_FORMAT:
-            raise user_error("optimizer state has an unknown format")
-        if list(state.get("param_names", [])) != self.names:
-            raise user_error(
-                "optimizer state belongs to a different LoRA layout (parameter names differ)"
-            )
+        state = self.check_state(state)
         try:
             self.optimizer.load_state_dict(state["adamw"])
         except (ValueError, KeyError) as error:

@@ -27,6 +27,7 @@ from tinker_local.server import (
     auth_tokens,
     completions,
     copy_weights,
+    custom_losses,
     external_weights,
     rest,
     restore_samplers,
@@ -169,7 +170,9 @@ def create_app(svc: Service) -> FastAPI:
         return {
             "supported_models": [
                 {"model_name": n, "trainable": True, "sampleable": True} for n in names
-            ]
+            ],
+            # Beyond the SDK's response type (which ignores extra fields): what else it serves.
+            "features": training.features(svc),
         }
 
     @app.post("/api/v1/auth/token")
@@ -268,6 +271,19 @@ def create_app(svc: Service) -> FastAPI:
     async def load_weights(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.LoadWeightsRequest, "load_weights")
         return _future_answer(weights.load_weights(svc, req), req.model_id)
+
+    @app.post("/api/v1/create_custom_loss")
+    async def create_custom_loss(request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(
+                400, f"create_custom_loss: request body is not valid JSON ({exc})"
+            ) from exc
+        record = custom_losses.create_custom_loss(
+            svc.state, svc.custom_losses, svc.futures, body
+        )
+        return _future_answer(record)
 
     # -- sampling -------------------------------------------------------------------------------
 

@@ -270,8 +270,12 @@ async def weights_info(svc: Service, tinker_path: str) -> dict[str, Any]:
     except Exception as exc:
         raise ApiError(400, f"cannot read checkpoint metadata of {tinker_path}: {exc}") from exc
     lora = meta.lora
+    optimizer: dict[str, Any] = {"type": meta.optimizer}
+    if meta.optimizer == "dimuon":
+        optimizer["version"] = 1
     return {
         "base_model": meta.base_model,
+        "optimizer_config": optimizer,
         "is_lora": True,
         "lora_rank": lora.rank,
         "train_unembed": lora.train_unembed,

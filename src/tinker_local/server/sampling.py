@@ -20,9 +20,6 @@ from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
 from tinker_local.server.service import Service
 from tinker_local.server.state import Sampler, remember, sampler_id
 
-# Sampling options of the hosted API that the local engine does not implement.
-_UNSUPPORTED = (("record_stability_info", lambda r: bool(r.record_stability_info)),)
-
 
 async def create_sampling_session(
     svc: Service, req: types.CreateSamplingSessionRequest
@@ -95,9 +92,6 @@ def _prompt_tokens(prompt: types.ModelInput, base_model: str) -> list[int]:
 
 
 def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
-    for name, used in _UNSUPPORTED:
-        if used(req):
-            raise ApiError(400, f"sampling option {name} is not supported by tinker-local")
     if not 1 <= req.num_samples <= limits.MAX_NUM_SAMPLES:
         raise ApiError(
             400,
@@ -155,6 +149,9 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         prompt_alt_tokens_k=req.prompt_alt_tokens_k,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
+    sequence_ids = [f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)]
+    # stable_reinforce: keep what the loss needs of each sequence (stability.py).
+    keep_records = svc.stability.recorder(sampler, prompt) if req.record_stability_info else None
     record = svc.futures.create("sample")
     span = svc.trace.follow(
         record,
@@ -176,16 +173,13 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
             )
         if span is not None:
             span.tokens["sampling_sample"] = sum(len(s.tokens) for s in answer.sequences)
+        if keep_records is not None:
+            keep_records(answer, sequence_ids)
         return WireResult(
             wire.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
     svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
-    answer = {
-        "request_id": record.request_id,
-        "sample_sequence_ids": [
-            f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)
-        ],
-    }
+    answer = {"request_id": record.request_id, "sample_sequence_ids": sequence_ids}
     remember(sampler.answers_by_seq, req.seq_id, answer)
     return answer

@@ -21,6 +21,7 @@ from tinker_local import config
 from tinker_local.engine.contract import Engine, EngineFactory, LossInputs
 from tinker_local.server.audit import AuditLog
 from tinker_local.server.completions import CompletionQueues
+from tinker_local.server.custom_losses import CustomLosses
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     FutureRecord,
@@ -32,6 +33,7 @@ from tinker_local.server.futures import (
 from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
 from tinker_local.server.session_trace import RequestTrace
 from tinker_local.server.signing import Signer
+from tinker_local.server.stability import StabilityRecords
 from tinker_local.server.state import ServerState, TrainingModel, remember, restore
 from tinker_local.server.store import Store
 from tinker_local.server.worker import EngineWorker, Job
@@ -55,7 +57,8 @@ DEFAULT_CLIENT_CONFIG: dict[str, Any] = {
     "use_pyqwest_transport": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,
-    "custom_loss_server_side": False,
+    # create_custom_loss uploads the traced loss; forward_backward_custom runs it in one pass.
+    "custom_loss_server_side": True,
     "sample_join_sampling_session": False,
     "parallel_fwdbwd_chunks": True,
 }
@@ -95,6 +98,9 @@ class ServerSettings:
     max_queued_jobs: int = 256
     # The SQLite store (see store.py); None keeps everything in memory only.
     database: Path | None = None
+    # Stability records (stable_reinforce) are kept this long after their last use (one day,
+    # as on the hosted service); see stability.py.
+    stability_keep_s: float = 24 * 3600.0
 
     def client_config_answer(self) -> dict[str, Any]:
         return {**DEFAULT_CLIENT_CONFIG, **self.client_config}
@@ -114,6 +120,9 @@ class Service:
         self.futures = FutureStore(self.store)
         if self.store is not None:
             restore(self.state, self.store)
+        # stable_reinforce's records of sampled sequences, and server-side custom losses.
+        self.stability = StabilityRecords(self.store, lambda: self.settings.stability_keep_s)
+        self.custom_losses = CustomLosses(self.store)
         self.worker = EngineWorker(make_engine)
         self._tasks: set[asyncio.Task[Any]] = set()
         # The SDK surface beyond the core calls: signed URLs and auth JWTs, the audit log,

@@ -86,6 +86,8 @@ class TrainingModel:
     creation_error: str | None = None
     # Known once created (None if the engine did not say): token ids are checked against it.
     vocab_size: int | None = None
+    # The optimizer family (contract.OPTIMIZERS) chosen at creation: optim_step params must match.
+    optimizer: str = "adamw"
     # seq_id -> the 4xx message of a request refused before queueing, so a retry of it gets
     # the same answer instead of "out of order".
     refused_by_seq: dict[int, str] = field(default_factory=dict)

@@ -43,6 +43,15 @@ CREATE TABLE IF NOT EXISTS futures (
 CREATE TABLE IF NOT EXISTS audit (
     owner TEXT NOT NULL, event TEXT NOT NULL, details TEXT NOT NULL, time REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_owner_time ON audit (owner, time);
+CREATE TABLE IF NOT EXISTS sequence_records (
+    sequence_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    sampler_id TEXT NOT NULL, weights TEXT NOT NULL, prompt BLOB NOT NULL, tokens BLOB NOT NULL,
+    logprobs BLOB NOT NULL, created_at REAL NOT NULL, last_used REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS sequence_records_last_used ON sequence_records (last_used);
+CREATE TABLE IF NOT EXISTS custom_losses (
+    loss_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    seq_id INTEGER NOT NULL, name TEXT NOT NULL, inputs TEXT NOT NULL, graph TEXT NOT NULL,
+    created_at REAL NOT NULL);
 """
 
 # Futures and their results are kept this long (a week), then dropped at the next start.
@@ -103,7 +112,17 @@ class StoredSession:
     display_name: str | None = None
 
 
+# A sampled sequence's stability record (see stability.py): token ids as int32 bytes, the
+# sampler's logprobs as float32 bytes.
+SequenceRow = tuple[str, str, str, str, str, bytes, bytes, bytes, float, float]
+
+
 class Store:
+    @classmethod
+    def in_memory(cls) -> Store:
+        """A private store that lives and dies with the process (servers with no database)."""
+        return cls(Path(":memory:"))
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -283,6 +302,57 @@ class Store:
             (owner, start, end),
         )
         return [(r[0], _loads(r[1]), r[2]) for r in rows]
+
+    # -- stability records and custom losses (stability.py, custom_losses.py) --------------------
+
+    def add_sequences(self, rows: list[SequenceRow]) -> None:
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO sequence_records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def sequences(self, sequence_ids: list[str]) -> dict[str, SequenceRow]:
+        found: dict[str, SequenceRow] = {}
+        for start in range(0, len(sequence_ids), 500):  # under SQLite's variable limit
+            batch = sequence_ids[start : start + 500]
+            marks = ", ".join("?" * len(batch))
+            rows = self._run(
+                f"SELECT * FROM sequence_records WHERE sequence_id IN ({marks})", tuple(batch)
+            )
+            found.update((row[0], row) for row in rows)
+        return found
+
+    def touch_sequences(self, sequence_ids: list[str], now: float) -> None:
+        with self._lock:
+            self._db.executemany(
+                "UPDATE sequence_records SET last_used = ? WHERE sequence_id = ?",
+                [(now, s) for s in sequence_ids],
+            )
+
+    def prune_sequences(self, unused_since: float) -> int:
+        with self._lock:
+            return self._db.execute(
+                "DELETE FROM sequence_records WHERE last_used < ?", (unused_since,)
+            ).rowcount
+
+    def add_custom_loss(
+        self, loss_id: str, session_id: str, owner: str, seq_id: int, name: str, inputs: str,
+        graph: str,
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO custom_losses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (loss_id, session_id, owner, seq_id, name, inputs, graph, time.time()),
+        )
+
+    def custom_loss(self, loss_id: str) -> tuple[str, str, str, int, str, str, str] | None:
+        """(loss_id, session_id, owner, seq_id, name, inputs JSON, graph JSON), or None."""
+        rows = self._run(
+            "SELECT loss_id, session_id, owner, seq_id, name, inputs, graph FROM custom_losses "
+            "WHERE loss_id = ?",
+            (loss_id,),
+        )
+        return rows[0] if rows else None
 
     def runs(self, owner: str) -> dict[str, StoredRun]:
         rows = self._run(

@@ -15,12 +15,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 from tinker_local.config import LORA_ALPHA_METADATA_KEY, LORA_DROPOUT_METADATA_KEY
-from tinker_local.engine.contract import Engine, ForwardBackwardCall, LoraSpec, ModelInfo
-from tinker_local.server import datum_checks, limits, wire
+from tinker_local.engine.contract import (
+    OPTIMIZERS,
+    Engine,
+    ForwardBackwardCall,
+    LoraSpec,
+    ModelInfo,
+)
+from tinker_local.server import custom_losses, datum_checks, limits, stability, wire
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     PROTOBUF,
@@ -100,11 +107,60 @@ def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSp
     return spec
 
 
-def check_optimizer(optimizer_config: types.OptimizerConfig | None) -> None:
-    if optimizer_config is not None and optimizer_config.type != "adamw":
-        raise ApiError(
-            400,
-            f"optimizer {optimizer_config.type!r} is not supported by tinker-local (only adamw)",
+def check_optimizer(optimizer_config: types.OptimizerConfig | None) -> str:
+    """The optimizer family a create_model (or create-via-load) asks for: "adamw" (also when
+    none is given) or "dimuon" (`types.DimuonOptimizerConfig`, checked field by field)."""
+    if optimizer_config is None or optimizer_config.type == "adamw":
+        return "adamw"
+    if optimizer_config.type == "dimuon":
+        try:
+            types.DimuonOptimizerConfig.model_validate(optimizer_config.model_dump())
+        except pydantic.ValidationError as exc:
+            raise ApiError(400, f"invalid optimizer_config for dimuon: {_summary(exc)}") from exc
+        return "dimuon"
+    raise ApiError(
+        400,
+        f"optimizer {optimizer_config.type!r} is not supported by tinker-local "
+        f"(supported: {list(OPTIMIZERS)})",
+    )
+
+
+def optim_params(params: object) -> types.AdamParams | types.DimuonParams:
+    """The SDK parses non-Adam params as `OptimParamsBase` with extra fields; make them the
+    family's own type (each field checked), or refuse naming the type."""
+    if isinstance(params, (types.AdamParams, types.DimuonParams)):
+        return params
+    kind = getattr(params, "type", None)
+    if kind == "dimuon" and isinstance(params, pydantic.BaseModel):
+        try:
+            return types.DimuonParams.model_validate(params.model_dump())
+        except pydantic.ValidationError as exc:
+            raise UserError(f"invalid DimuonParams: {_summary(exc)}") from exc
+    raise UserError(
+        f"optim_step: optimizer params of type {kind!r} are not supported by tinker-local "
+        "(pass types.AdamParams or types.DimuonParams)"
+    )
+
+
+def _summary(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}"
+        for e in exc.errors()[:5]
+    )
+
+
+_PARAMS_OF = {"adamw": ("AdamParams", "AdamOptimizerConfig"),
+              "dimuon": ("DimuonParams", "DimuonOptimizerConfig")}
+
+
+def check_params_family(model: TrainingModel, params: types.AdamParams | types.DimuonParams) -> None:
+    family = "dimuon" if isinstance(params, types.DimuonParams) else "adamw"
+    if family != model.optimizer:
+        wanted, config = _PARAMS_OF[model.optimizer]
+        raise UserError(
+            f"optim_step got {type(params).__name__}, but model {model.model_id} uses the "
+            f"{model.optimizer} optimizer (chosen at creation with {config}); pass "
+            f"types.{wanted}"
         )
 
 
@@ -125,7 +181,13 @@ def _info_body(model: TrainingModel, info: ModelInfo) -> dict[str, Any]:
 
 
 def register_model(
-    svc: Service, session_id: str, model_seq_id: int, base_model: str, kind: str, metadata: Any
+    svc: Service,
+    session_id: str,
+    model_seq_id: int,
+    base_model: str,
+    kind: str,
+    metadata: Any,
+    optimizer: str = "adamw",
 ) -> tuple[TrainingModel, bool]:
     """The model for (session, seq), and whether it is new (False: a retried creation)."""
     session = svc.state.session(session_id)
@@ -144,6 +206,7 @@ def register_model(
         ready=asyncio.get_running_loop().create_future(),
         user_metadata=metadata,
         owner=session.owner,
+        optimizer=optimizer,
     )
     svc.state.models[model_id] = model
     session.model_ids.append(model_id)
@@ -184,12 +247,13 @@ def start_creation(
 
 
 def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
-    check_optimizer(req.optimizer_config)
+    optimizer = check_optimizer(req.optimizer_config)
     if not req.base_model:
         raise ApiError(400, "create_model needs a base_model")
     lora = lora_extension(_lora_spec(req.lora_config), req.user_metadata)
     model, new = register_model(
-        svc, req.session_id, req.model_seq_id, req.base_model, "create_model", req.user_metadata
+        svc, req.session_id, req.model_seq_id, req.base_model, "create_model", req.user_metadata,
+        optimizer,
     )
     if not new:
         return model.creation
@@ -200,12 +264,34 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
 
     def job(engine: Engine) -> ModelInfo:
         try:
-            return engine.create_model(model_id, req.base_model, lora, value_head=value_head)
+            return engine.create_model(
+                model_id, req.base_model, lora, value_head=value_head,
+                **optimizer_kwargs(optimizer),
+            )
         except BaseException as exc:
             model.creation_error = str(exc)
             raise
 
     return start_creation(svc, model, job, {"type": "create_model", "model_id": model_id})
+
+
+def features(svc: Service) -> dict[str, Any]:
+    """What get_server_capabilities advertises besides the models."""
+    return {
+        "loss_fns": sorted(svc.loss_inputs or ()),
+        "optimizers": list(OPTIMIZERS),
+        "custom_loss_server_side": bool(
+            svc.settings.client_config_answer().get("custom_loss_server_side")
+        ),
+        "record_stability_info": True,
+        "stability_record_keep_s": svc.settings.stability_keep_s,
+    }
+
+
+def optimizer_kwargs(optimizer: str) -> dict[str, str]:
+    """`create_model`'s optimizer keyword, left out for the default (engines written before
+    Dimuon need not know it)."""
+    return {} if optimizer == "adamw" else {"optimizer": optimizer}
 
 
 async def get_info(svc: Service, req: types.GetInfoRequest) -> dict[str, Any]:
@@ -253,8 +339,16 @@ def forward_backward(
         datum_checks.check_loss_fn(msg.loss_fn, svc.loss_inputs)
         datum_checks.check_lengths(data, svc.settings.max_sequence_len)
         datum_checks.check_datums(data, msg.loss_fn, svc.loss_inputs, model.vocab_size)
+        stability.check_tiling(data)
+        config = wire.loss_fn_config_from_proto(msg)
+        behavior, custom_loss = None, None
+        if msg.loss_fn == "stable_reinforce":
+            behavior = svc.stability.resolve(model.session_id, model.owner, data, msg.loss_fn)
+        if msg.loss_fn == "custom":
+            custom_loss = custom_losses.lookup(svc.custom_losses, model, config)
+            config = None  # the loss_id only names the loss
         call = ForwardBackwardCall(
-            model.model_id, data, msg.loss_fn, wire.loss_fn_config_from_proto(msg), forward_only
+            model.model_id, data, msg.loss_fn, config, forward_only, behavior, custom_loss
         )
         job = ForwardBackwardJob(model, call)
         return Job(job.run, Batchable("forward_backward", job, run_forward_backward_jobs))
@@ -315,12 +409,8 @@ def optim_step(svc: Service, req: types.OptimStepRequest) -> FutureRecord:
     model = svc.state.model(req.model_id)
 
     def prepare() -> Job[WireResult]:
-        params = req.optim_params
-        if not isinstance(params, types.AdamParams):
-            raise UserError(
-                f"optim_step: {type(params).__name__} is not supported (tinker-local uses AdamW; "
-                "pass types.AdamParams)"
-            )
+        params = optim_params(req.optim_params)
+        check_params_family(model, params)
 
         def job(engine: Engine) -> WireResult:
             check_created(model)

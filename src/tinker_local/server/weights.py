@@ -23,6 +23,7 @@ from tinker_local.server.state import Sampler, TrainingModel, sampler_id
 from tinker_local.server.training import (
     check_created,
     check_optimizer,
+    optimizer_kwargs,
     register_model,
     start_creation,
 )
@@ -231,27 +232,38 @@ def load_weights(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
     return svc.submit_ordered(model, req.seq_id, "load_weights", prepare)
 
 
-def _checkpoint_base_model(directory: Path) -> str:
-    """The base model a checkpoint was trained on ('' when its metadata is unreadable; the
-    creation job then reports why)."""
+def _checkpoint_meta(directory: Path) -> tuple[str, str]:
+    """The base model a checkpoint was trained on and its optimizer family ('' and "adamw"
+    when its metadata is unreadable; the creation job then reports why)."""
     try:
-        return read_checkpoint_meta(directory).base_model
+        meta = read_checkpoint_meta(directory)
     except Exception:  # noqa: BLE001
-        return ""
+        return "", "adamw"
+    return meta.base_model, meta.optimizer
 
 
 def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> FutureRecord:
     if req.session_id is None or req.model_seq_id is None:
         raise ApiError(400, "load_weights with session_id also needs model_seq_id")
-    check_optimizer(req.optimizer_config)
+    requested = check_optimizer(req.optimizer_config)
     _source, directory = _load_source(svc, req.path, req.optimizer)
+    base_model, saved_optimizer = _checkpoint_meta(directory)
+    # Restored optimizer state brings its own family; a weights-only load uses the one asked for.
+    optimizer = saved_optimizer if req.optimizer else requested
+    if req.optimizer and req.optimizer_config is not None and requested != saved_optimizer:
+        raise ApiError(
+            400,
+            f"optimizer_config asks for {requested}, but {req.path} restores {saved_optimizer} "
+            "optimizer state; optimizer_config cannot override restored optimizer state",
+        )
     model, new = register_model(
         svc,
         req.session_id,
         req.model_seq_id,
-        req.base_model or _checkpoint_base_model(directory),
+        req.base_model or base_model,
         "load_weights",
         req.user_metadata,
+        optimizer,
     )
     if not new:
         return model.creation
@@ -260,7 +272,10 @@ def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> Futu
     def job(engine: Engine) -> ModelInfo:
         try:
             meta = read_checkpoint_meta(directory)
-            engine.create_model(model_id, req.base_model or meta.base_model, meta.lora)
+            engine.create_model(
+                model_id, req.base_model or meta.base_model, meta.lora,
+                **optimizer_kwargs(optimizer),
+            )
             try:
                 engine.load_state(model_id, directory, with_optimizer=req.optimizer)
             except BaseException:

@@ -120,9 +120,38 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
         name: _tensor_from_proto(f"datum {index}: loss_fn_inputs[{name!r}]", tensor)
         for name, tensor in msg.loss_fn_inputs.items()
     }
+    model_input_spans = _spans_from_proto(index, "model_input_spans", msg.model_input_spans)
+    loss_fn_input_spans = _spans_from_proto(index, "loss_fn_input_spans", msg.loss_fn_input_spans)
+    if (model_input_spans is None) != (loss_fn_input_spans is None):
+        raise UserError(
+            f"datum {index}: provenance comes as a pair: set both model_input_spans and "
+            "loss_fn_input_spans, or neither"
+        )
     return types.Datum(
-        model_input=types.ModelInput.model_construct(chunks=chunks), loss_fn_inputs=inputs
+        model_input=types.ModelInput.model_construct(chunks=chunks),
+        loss_fn_inputs=inputs,
+        model_input_spans=model_input_spans,
+        loss_fn_input_spans=loss_fn_input_spans,
     )
+
+
+def _spans_from_proto(index: int, name: str, spans: Any) -> types.ProvenanceSpans | None:
+    """Provenance runs (see stability.py); None when the datum has none."""
+    if not spans:
+        return None
+    out: types.ProvenanceSpans = []
+    for k, span in enumerate(spans):
+        arm = span.WhichOneof("span")
+        kind = {"prompt_tokens": types.PromptProvenanceSpan,
+                "sampled_tokens": types.SampledProvenanceSpan}.get(arm or "")
+        if kind is None:
+            raise UserError(f"datum {index}: {name}[{k}] is empty (neither prompt nor sampled)")
+        run = getattr(span, arm)
+        try:
+            out.append(kind(sequence_id=run.sequence_id, offset=run.offset, length=run.length))
+        except ValueError as exc:
+            raise UserError(f"datum {index}: {name}[{k}]: {exc}") from None
+    return out
 
 
 def _tensor_from_proto(where: str, msg: pb.Tensor) -> types.TensorData:
