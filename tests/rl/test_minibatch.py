@@ -124,16 +124,18 @@ def test_epoch_metrics_first_epoch_then_how_far_the_last_went(tmp_path):
     assert not any(k.endswith("_last_epoch") for k in only) and "optim/grad_norm" not in only
 
 
-def test_merge_sums_counts_and_averages_the_rest_over_every_minibatch():
+def test_merge_sums_counts_and_averages_the_rest_over_the_minibatches_reporting_it():
     rows = [
         {"time/data": 1.0, "time/train": 2.0, "datums": 4.0, "ratio/mean": 1.2},
         {"skipped_minibatches": 1.0},
-        {"time/data": 0.5, "datums": 2.0, "ratio/mean": 0.9},
+        {"time/data": 0.5, "datums": 2.0, "ratio/mean": 0.9, "loss": 3.0},
     ]
     merged = merge_minibatch_metrics(rows)
     assert merged["time/data"] == 1.5 and merged["time/train"] == 2.0
     assert merged["datums"] == 6.0 and merged["skipped_minibatches"] == 1.0
-    assert merged["ratio/mean"] == pytest.approx((1.2 + 0.9) / 3)  # the skipped one counts
+    # a skipped minibatch has no ratio: it neither adds to the mean nor counts in its divisor
+    assert merged["ratio/mean"] == pytest.approx((1.2 + 0.9) / 2)
+    assert merged["loss"] == 3.0
     assert merge_minibatch_metrics([]) == {}
 
 
@@ -153,6 +155,7 @@ class FakeClients:
 
     async def create_sampling_client(self, base_model):
         self.calls.append("create_sampling_client")
+        await asyncio.sleep(0)  # a real client yields here: concurrent callers must not race
         return self
 
     async def compute_logprobs(self, model_input):

@@ -147,16 +147,17 @@ def entropy_metric(outputs: Sequence[dict], seqs: Sequence[TrainSequence]) -> di
 
 def merge_minibatch_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One step's metrics from its minibatches': `SUMMED_METRICS` add up (0 where a row lacks
-    one); every other value is the mean over all the step's minibatches, skipped ones included
-    (a skipped minibatch contributes nothing to the sum but counts in the divisor)."""
+    one); every other value is the mean over the minibatches that report it, so a skipped
+    minibatch (no trainable groups, no ratio or loss) does not pull the step's means to 0."""
     merged: dict[str, float] = {}
-    rest: list[dict[str, float]] = []
+    totals: dict[str, list[float]] = {}
     for row in rows:
-        row = dict(row)
-        for key in SUMMED_METRICS:
-            merged[key] = merged.get(key, 0.0) + row.pop(key, 0.0)
-        rest.append(row)
-    for row in rest:
         for key, value in row.items():
-            merged[key] = merged.get(key, 0.0) + value / len(rest)
+            if key in SUMMED_METRICS:
+                continue
+            totals.setdefault(key, []).append(value)
+        for key in SUMMED_METRICS:
+            merged[key] = merged.get(key, 0.0) + row.get(key, 0.0)
+    for key, values in totals.items():
+        merged[key] = sum(values) / len(values)
     return merged

@@ -305,15 +305,15 @@ class Trainer:
 
     async def _reference_logprobs(self, seqs: Sequence[TrainSequence]) -> list[list[float]]:
         """The base model's logprobs of every sequence (the KL penalty's reference)."""
-        return list(await asyncio.gather(*(self._base_logprobs(s.tokens) for s in seqs)))
-
-    async def _base_logprobs(self, tokens: list[int]) -> list[float]:
-        if self._base_sampler is None:
+        if self._base_sampler is None:  # once, before the concurrent requests that share it
             self._base_sampler = await self.service_client.create_sampling_client(
                 base_model=self.cfg.base_model
             )
-        values = await self._base_sampler.compute_logprobs(tinker.ModelInput.from_ints(tokens))
-        return [0.0 if v is None else float(v) for v in values]
+        sampler = self._base_sampler
+        answers = await asyncio.gather(
+            *(sampler.compute_logprobs(tinker.ModelInput.from_ints(s.tokens)) for s in seqs)
+        )
+        return [[0.0 if v is None else float(v) for v in values] for values in answers]
 
     async def _learner_logprobs(self, seqs: Sequence[TrainSequence]) -> list[list[float]]:
         """The learner's logprobs before this minibatch's update (for TIS)."""
