@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import uuid
 
@@ -31,28 +32,29 @@ def _serving_agent_class() -> type:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    from tinker_local.engine.distributed.liveness import process_state
-
     class ServingAgent(LocalElasticAgent):
         """The local elastic agent, except that rank 0 outlives the other ranks' failures."""
 
         def _monitor_workers(self, worker_group):  # type: ignore[no-untyped-def]
-            result = super()._monitor_workers(worker_group)
-            if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-                return result
+            # The stock check (`PContext.wait`) terminates every process as soon as one has
+            # failed, rank 0 included; so while rank 0 runs, look at the processes here.
+            handlers = getattr(self._pcontext, "subprocess_handlers", None)
             leader = next((w for w in worker_group.workers if w.global_rank == 0), None)
-            if leader is None or 0 in result.failures:
-                return result  # rank 0 failed, or runs elsewhere: the stock policy
-            if process_state(int(leader.id)) is None:  # rank 0 still serves: let it decide
+            if handlers is None or leader is None:
+                return super()._monitor_workers(worker_group)  # rank 0 runs elsewhere
+            code = handlers[leader.local_rank].proc.poll()
+            if code is None:  # rank 0 still serves: it reports lost ranks itself
                 reported = self.__dict__.setdefault("reported_ranks", set())
-                for rank, failure in result.failures.items():
-                    if rank not in reported:
-                        reported.add(rank)
+                for worker in worker_group.workers:
+                    exit_code = handlers[worker.local_rank].proc.poll()
+                    if exit_code is not None and worker.global_rank not in reported:
+                        reported.add(worker.global_rank)
                         logger.error("rank %d exited (code %s); rank 0 keeps answering and "
-                                     "reports the group unhealthy", rank, failure.exitcode)
+                                     "reports the group unhealthy", worker.global_rank, exit_code)
                 return RunResult(state=WorkerState.HEALTHY)
-            # Rank 0 exited cleanly (the server was stopped): the group is done.
-            return RunResult(state=WorkerState.SUCCEEDED, return_values={})
+            if code == 0:  # the server was stopped: the group is done, whatever else exited
+                return RunResult(state=WorkerState.SUCCEEDED, return_values={})
+            return super()._monitor_workers(worker_group)  # rank 0 failed: the stock policy
 
     return ServingAgent
 
@@ -66,6 +68,8 @@ def launch_serve(args: argparse.Namespace, argv: list[str]) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+    if "OMP_NUM_THREADS" not in os.environ:  # the ranks share this machine's cores
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.nproc_per_node))
     nodes = args.nnodes
     endpoint = args.rdzv_endpoint or ("localhost:0" if nodes == 1 else None)
     if endpoint is None:

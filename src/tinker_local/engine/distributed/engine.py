@@ -220,7 +220,7 @@ class DistributedEngine:
         if self._fault is None and self._lock.acquire(timeout=timeout_s):
             try:
                 self._group.send(Command(STOP))
-            except Exception:  # noqa: BLE001 - they are gone already
+            except Exception:
                 logger.debug("could not tell the ranks to stop", exc_info=True)
             finally:
                 self._lock.release()
@@ -298,7 +298,7 @@ class DistributedEngine:
             for report in self._reporters:
                 try:
                     report(self._fault.message)
-                except Exception:  # noqa: BLE001 - tell the others anyway
+                except Exception:
                     logger.exception("fault report failed")
         return self._fault
 

@@ -23,6 +23,7 @@ Commands:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import shutil
@@ -178,17 +179,18 @@ class RankExecutor:
             if errors:
                 results.append(errors[0])
             else:
-                results.append(attempt(lambda: merge_outputs([o.value for o in outcomes]), rank))
+                pieces_of_call = [o.value for o in outcomes]
+                results.append(attempt(functools.partial(merge_outputs, pieces_of_call), rank))
         return Reply(Outcome(value=results))
 
     def _gradients(self, calls: list[ForwardBackwardCall]) -> dict[str, list[tuple[Any, Any]]]:
         """Each model's parameters with a copy of their gradients now (None: no gradient)."""
         saved = {}
         for call in calls:
-            try:
-                params = self.engine.trainable_parameters(call.model_id).values()
-            except Exception:  # noqa: BLE001 - an unknown model: the call itself will fail
+            found = attempt(functools.partial(self.engine.trainable_parameters, call.model_id), 0)
+            if not found.ok:  # an unknown model: the call itself fails, touching nothing
                 continue
+            params = found.value.values()
             saved[call.model_id] = [(p, None if p.grad is None else p.grad.clone()) for p in params]
         return saved
 
