@@ -37,6 +37,7 @@ import torch
 
 from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.distributed.group import Group
+from tinker_local.engine.distributed.sharding import reshard_all
 from tinker_local.engine.distributed.shares import (
     Outcome,
     datum_tokens,
@@ -107,7 +108,11 @@ class RankExecutor:
         }
 
     def execute(self, command: Command) -> Reply | None:
-        return self._handlers.get(command.method, self._call)(command)
+        try:
+            return self._handlers.get(command.method, self._call)(command)
+        finally:
+            if self.replicated:  # keep only this rank's shard between commands
+                reshard_all()
 
     # ---- any engine method ----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ machine take turns, so its memory holds one full copy at a time (plus the shards
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,22 @@ from tinker_local.engine import models
 from tinker_local.engine.distributed.group import Group
 
 logger = logging.getLogger("tinker_local.engine")
+
+
+# Every model sharded in this process, for `reshard_all`.
+_SHARDED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def reshard_all() -> None:
+    """Free the gathered weights of every sharded model (local: no collective). FSDP2 keeps a
+    root group's weights gathered after a forward until the next backward, which sampling and
+    forward-only calls never run: the body's embeddings and the output layer would stay whole."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for model in list(_SHARDED):
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def shard_model(model: nn.Module, mesh: Any) -> None:
@@ -50,6 +67,7 @@ def shard_model(model: nn.Module, mesh: Any) -> None:
     fully_shard(body, mesh=mesh)
     if head is not None:
         fully_shard(head, mesh=mesh)
+    _SHARDED.add(model)
 
 
 def _decoder_layers(body: nn.Module) -> list[nn.Module]:
