@@ -255,3 +255,41 @@ def test_vllm_samples_on_rank_0_with_tensor_parallel_and_falls_back_to_the_group
     from tinker_local.engine.distributed.factory import vllm_args
 
     assert vllm_args(group)["tensor_parallel_size"] == 1  # the user's setting wins
+
+
+# ---- liveness -----------------------------------------------------------------------------------
+
+
+def test_watchdog_finds_a_silent_rank_on_another_machine(monkeypatch) -> None:
+    import json
+    import socket
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tinker_local.engine.distributed import liveness
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
+                           wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    beating = liveness.Heartbeat(1, period_s=0.1)  # rank 1: alive, on this machine
+    silent = liveness.open_store()  # rank 2: registered on another machine, then silent
+    silent.set("where/2", json.dumps({"host": "elsewhere", "pid": 1}))
+    silent.add("beat/2", 1)
+    lost: list[tuple[int, str]] = []
+    watchdog = liveness.Watchdog(range(1, 3), timeout_s=1.0, on_lost=lambda *a: lost.append(a),
+                                 period_s=0.1)
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    watchdog.stop()
+    beating.stop()
+    assert len(lost) == 1 and lost[0][0] == 2, lost
+    assert "no heartbeat" in lost[0][1] and "elsewhere" in lost[0][1]
+    assert liveness.process_state(2**22 + 7) == "exited"  # no such pid
+    del server

@@ -175,7 +175,14 @@ def init_group(settings: GroupSettings, device: str | None = None) -> Group:
         torch.cuda.set_device(resolved)
     timeout = timedelta(seconds=settings.collective_timeout_s)
     kwargs: dict[str, Any] = {"device_id": resolved} if backend == "nccl" else {}
-    dist.init_process_group(backend, timeout=timeout, **kwargs)
+    # The launcher's store outlives a restart of the group, and with it the previous attempt's
+    # addresses: torch 2.13's env:// joining then reads those (gloo "connection refused" after
+    # any --max-restarts restart, stock torchrun included). A prefix per attempt avoids them.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timeout, wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"tinker_local/attempt_{attempt}/", store),
+                            rank=rank, world_size=world, timeout=timeout, **kwargs)
     control = dist.new_group(backend="gloo", timeout=timeout)
     spans_nodes = world != local_world or os.environ.get(STAGE_FOLDERS_ENV) == "1"
     logger.info("rank %d/%d (local %d/%d) on %s, %s, host %s", rank, world, local_rank,
