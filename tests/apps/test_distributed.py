@@ -243,3 +243,17 @@ def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> N
         assert [c.tinker_path for c in listed] == [saved]
         for a, b in zip(_forward_from(url, saved), expected, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_run_starts_a_group_for_an_unmodified_script(tmp_path) -> None:
+    from test_serve_command import TINY_SCRIPT
+
+    script = tmp_path / "tiny_script.py"
+    script.write_text(TINY_SCRIPT)
+    done = subprocess.run(
+        [*CLI, "run", "--nproc-per-node", "2", "--", sys.executable, str(script)],
+        check=False, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert "SCRIPT-OK" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert done.returncode == 3  # the child's exit code
