@@ -30,8 +30,12 @@ logger = logging.getLogger("tinker_local.engine")
 
 
 def vllm_args(group: Group, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """rank 0's `vllm.LLM` arguments: tensor parallel over this machine's GPUs by default."""
-    return {"tensor_parallel_size": group.local_world_size, **vllm_sampler.llm_args(environ)}
+    """rank 0's `vllm.LLM` arguments: tensor parallel over this machine's GPUs by default, its
+    workers in processes of their own (rank 0's process already belongs to our group)."""
+    defaults = {"tensor_parallel_size": group.local_world_size}
+    if group.local_world_size > 1:
+        defaults["distributed_executor_backend"] = "mp"
+    return {**defaults, **vllm_sampler.llm_args(environ)}
 
 
 def local_engine(group: Group, *, dtype: str | None, sampler: str | None = None,
