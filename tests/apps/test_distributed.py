@@ -100,7 +100,11 @@ def _logprobs(output: types.ForwardBackwardOutput) -> list[np.ndarray]:
 
 def _script(url: str) -> dict[str, Any]:
     """Three steps of training, a forward, a checkpoint, seeded samples."""
-    service = tinker.ServiceClient(base_url=url, api_key=KEY)
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        return _steps(service)
+
+
+def _steps(service: tinker.ServiceClient) -> dict[str, Any]:
     trainer = service.create_lora_training_client(base_model=TINY, rank=8, seed=3).result()
     tokenizer = trainer.get_tokenizer()
     data = _data(tokenizer)
@@ -128,9 +132,9 @@ def _adapter_weights(path: str) -> dict[str, Any]:
 
 def _forward_from(url: str, path: str) -> list[np.ndarray]:
     """Logprobs of the script's data under the checkpoint `path`, loaded on the server at url."""
-    service = tinker.ServiceClient(base_url=url, api_key=KEY)
-    trainer = service.create_training_client_from_state(path).result()
-    return _logprobs(trainer.forward(_data(trainer.get_tokenizer()), "cross_entropy").result())
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        trainer = service.create_training_client_from_state(path).result()
+        return _logprobs(trainer.forward(_data(trainer.get_tokenizer()), "cross_entropy").result())
 
 
 def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -192,6 +196,8 @@ def _two_clients_stay_apart(url: str) -> None:
     a.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     a_after = _logprobs(a.forward(data, "cross_entropy").result())
     b_after = _logprobs(b.forward(data, "cross_entropy").result())
+    first.close("success").result()
+    second.close("success").result()
     for before, unchanged, trained in zip(b_before, b_after, a_after, strict=True):
         np.testing.assert_allclose(unchanged, before, atol=1e-6)  # b never stepped
         assert np.abs(trained - before).max() > 1e-3  # a did
@@ -233,6 +239,7 @@ def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> N
         with pytest.raises(tinker.RequestFailedError, match="rank 1"):
             trainer.forward(data, "cross_entropy").result()
         assert time.monotonic() - started < 10
+        service.close("success").result()
         launcher.send_signal(signal.SIGINT)
         launcher.wait(60)
 
