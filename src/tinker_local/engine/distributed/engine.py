@@ -239,6 +239,7 @@ class DistributedEngine:
             return getattr(self._local, method)(*args, **kwargs)
 
     def _run(self, command: Command) -> Reply:
+        command = replace(command, seed=secrets.randbits(62))
         with self._lock:
             self._raise_fault()
             try:

@@ -62,6 +62,10 @@ class Command:
     kwargs: dict[str, Any] = field(default_factory=dict)
     # Folder arguments rank 0 read for ranks on other machines: argument name -> file contents.
     folders: dict[str, dict[str, bytes]] | None = None
+    # Seeds torch's global generator on every rank before the command runs (whatever in the
+    # engine draws from it, LoRA dropout say): the same seed where ranks run the same datums
+    # (a sharded base), so their replicas stay equal; seed + rank where each runs its own.
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class RankExecutor:
         }
 
     def execute(self, command: Command) -> Reply | None:
+        if command.seed is not None:
+            torch.manual_seed(command.seed + (0 if self.replicated else self.group.rank))
         try:
             return self._handlers.get(command.method, self._call)(command)
         finally:
