@@ -5,6 +5,8 @@ The server sees one `contract.Engine`. Each call becomes a `Command` that rank 0
 every rank executes in the same order (executor.py), so the ranks' engines stay identical
 replicas: same training models, adapters, optimizer states and samplers. What each method
 does differently, and why:
+- every command: a seed for torch's global generator travels with it (executor.py), so what
+  draws from it during a call (LoRA dropout) stays in step across ranks.
 - `create_model`: an unset LoRA seed is drawn here, once, so every rank initialises the same.
 - `forward_backward[_many]`: the whole call is checked on rank 0 first (errors name datums by
   their index in the caller's list), then split over the ranks by tokens (data parallel); with

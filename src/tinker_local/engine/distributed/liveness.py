@@ -139,6 +139,8 @@ class Watchdog:
             if state is not None:
                 return f"{state} (pid {where['pid']} on {where['host']})"
         count = int(self._store.add(f"beat/{rank}", 0))
+        if count == 0:  # no first beat yet; a rank that never beats is caught by the collectives
+            return None
         if self._count.get(rank) != count:
             self._count[rank] = count
             self._moved[rank] = now
