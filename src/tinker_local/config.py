@@ -67,3 +67,20 @@ def joint_training() -> bool | None:
     if value not in choices:
         raise ValueError(f"{JOINT_TRAINING_ENV}={raw!r}: choose auto, on or off")
     return choices[value]
+
+
+# create_model `user_metadata` keys of the LoRA extension (not in hosted Tinker): the scale alpha
+# (the update is alpha / rank times B A x) and the dropout on the LoRA input while training.
+LORA_ALPHA_METADATA_KEY = "tinker_local.lora_alpha"
+LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
+
+
+def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] | None:
+    """The `user_metadata` that asks a tinker-local server for this alpha and dropout; None when
+    both are the defaults, so the request stays a plain hosted-Tinker one."""
+    metadata = {}
+    if alpha is not None:
+        metadata[LORA_ALPHA_METADATA_KEY] = repr(float(alpha))
+    if dropout:
+        metadata[LORA_DROPOUT_METADATA_KEY] = repr(float(dropout))
+    return metadata or None

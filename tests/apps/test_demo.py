@@ -61,3 +61,57 @@ def test_make_run_entry_point_parses_its_flags():
     )
     assert done.returncode == 0, done.stderr
     assert all(flag in done.stdout for flag in ("--steps", "--seed", "--learning-rate"))
+
+
+# --- what a newcomer sees (issue 21) ----------------------------------------------------------
+
+# The RL loop's own advice, true of a random model (every answer is wrong): not noise.
+CONSTANT_REWARDS_ADVICE = "every group had constant rewards"
+NOISE = ("Warning", "WARNING", "warning:", "Retrying request", "Traceback", "%|", "it/s]")
+
+
+def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tinker_local.apps.demo",
+            "--base-model",
+            "tinker-local/tiny-llama",
+            "--steps",
+            "2",
+            "--log-dir",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out
+    lines = out.splitlines()
+    noisy = [
+        line
+        for line in lines
+        if any(n in line for n in NOISE) and CONSTANT_REWARDS_ADVICE not in line
+    ]
+    assert noisy == [], out
+    estimate = [i for i, line in enumerate(lines) if line.startswith("expected run time")]
+    assert len(estimate) == 1, out
+    assert re.match(
+        r"expected run time on this machine: [\d.]+-[\d.]+ min \(2 steps", lines[estimate[0]]
+    ), out
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step   0  reward"))
+    assert estimate[0] < first_step  # said before the first step
+    assert re.search(r"step   1  reward 0\.000  [\d.]+s  ~[\d.]+ (s|min) left", out), out
+    assert re.search(
+        r"RL demo: tinker-local/tiny-llama, two-digit addition, [\d.]+ min "
+        r"\(expected [\d.]+-[\d.]+\)",
+        out,
+    ), out

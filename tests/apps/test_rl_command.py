@@ -47,5 +47,16 @@ def test_task_lookup_builds_train_and_test_datasets():
     train, test = cli.datasets_for("arithmetic", cfg, {"digits": 1, "n_test": 20})(object())
     assert isinstance(train, arithmetic.ArithmeticDataset) and len(train.get_batch(0)) == 4
     assert sum(len(test.get_batch(i)) for i in range(len(test))) == 20
-    with pytest.raises(SystemExit, match="unknown task"):
-        cli.task_factory("no-such-task")
+    with pytest.raises(ValueError, match="unknown task 'no-such-task'"):
+        cli.datasets_for("no-such-task", cfg)
+
+
+def test_mixture_log_dir_and_options_per_task():
+    args = cli.build_parser().parse_args(["--task", "sat:0.5,arithmetic:0.5", "--batch-size", "4"])
+    cfg = cli.config_from_args(args)
+    assert cfg.log_dir == "runs/rl-sat+arithmetic"
+    options = {"sat.n": 12, "arithmetic.n_test": 20}
+    train, test = cli.datasets_for("sat:0.5,arithmetic:0.5", cfg, options)(object())
+    assert len(train.get_batch(0)) == 4
+    tags = [tag for i in range(len(test)) for g in test.get_batch(i) for tag in g.logging_tags()]
+    assert (tags.count("sat"), tags.count("arithmetic")) == (12, 20)

@@ -167,4 +167,7 @@ def test_foreign_peft_folder_metadata(tmp_path):
     }))
     meta = read_checkpoint_meta(tmp_path)
     assert meta.base_model == TINY and meta.kind == "peft"
-    assert meta.lora == LoraSpec(rank=8, train_mlp=False, train_attn=True, train_unembed=False)
+    # peft's defaults for what the file leaves out: lora_alpha 8, no dropout
+    assert meta.lora == LoraSpec(
+        rank=8, train_mlp=False, train_attn=True, train_unembed=False, alpha=8.0, dropout=0.0
+    )

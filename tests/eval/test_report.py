@@ -58,6 +58,9 @@ def test_markdown_shows_rates_intervals_and_weighted_total():
     assert f"0.75 [{interval.low:.2f}, {interval.high:.2f}] (n=4)" in sat_row
     total_row = next(line for line in text.splitlines() if line.startswith("| **all"))
     assert "0.17 [" in total_row and "(n=6)" in total_row  # base: 1 success of 6 samples
+    unweighted = [line for line in text.splitlines() if line.startswith("| **mean of tasks")]
+    rates = {m.label: m.aggregate.unweighted_success_rate for m in _models()}
+    assert len(unweighted) == 2 and f"| {rates['base']:.2f} |" in unweighted[0]
     assert "Pareto frontier (per-task success rate): sft, rl" in text
     assert "sft dominates base" in text
 

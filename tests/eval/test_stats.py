@@ -116,6 +116,10 @@ def test_aggregate_weights_tasks_by_sample_count():
     assert agg.mean == pytest.approx(9 / 12)  # not the unweighted 0.45
     assert agg.successes == 9
     assert agg.interval == jeffreys_interval(9, 12)
+    # next to it, every task weighing the same
+    assert agg.tasks == 2
+    assert agg.unweighted_mean == pytest.approx(0.45)
+    assert agg.unweighted_success_rate == pytest.approx(0.45)
 
 
 def test_dominance_hand_made_cases():

@@ -73,3 +73,19 @@ def test_cosine_schedule_decays_to_the_minimum_ratio_and_constant_stays():
     assert {scheduled_learning_rate(constant, 1e-3, s) for s in range(11)} == {1e-3}
     with pytest.raises(ValueError, match="lr_schedule"):
         RLConfig(log_dir="x", lr_schedule="linear-ish")
+
+
+def test_warm_up_before_either_schedule():
+    from tinker_local.rl.learning_rate import scheduled_learning_rate
+
+    cosine = RLConfig(log_dir="x", max_steps=20, lr_schedule="cosine", lr_warmup_ratio=0.1)
+    rates = [scheduled_learning_rate(cosine, 1.0, s) for s in range(20)]
+    assert rates[0] == pytest.approx(1 / 3) and rates[1] == pytest.approx(2 / 3)
+    assert rates[2] == pytest.approx(1.0) and rates[-1] == pytest.approx(cosine.lr_min_ratio)
+    constant = RLConfig(log_dir="x", max_steps=20, lr_warmup_ratio=0.1)
+    assert [scheduled_learning_rate(constant, 1.0, s) for s in (0, 2, 19)] == pytest.approx(
+        [1 / 3, 1.0, 1.0]
+    )
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="lr_warmup_ratio"):
+            RLConfig(log_dir="x", lr_warmup_ratio=bad)

@@ -44,8 +44,10 @@ def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]
 
 def _result(http: httpx.Client, request_id: str) -> dict[str, Any]:
     for _ in range(10):
-        body = _post(http, "/api/v1/retrieve_future", {"request_id": request_id})
-        if body.get("type") != "try_again":
+        answer = http.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        body = answer.json()
+        if body.get("type") != "try_again":  # a pending result is a 408 "try_again"
+            assert answer.status_code == 200, answer.text
             return body
     raise AssertionError(f"{request_id} never finished")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tinker_local.config import LOCAL_API_KEY
 
@@ -24,6 +24,20 @@ def service_client(base_url: str | None = None) -> tinker.ServiceClient:
     from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
+
+
+def tokenizer_for(base_model: str, base_url: str | None = None) -> Any:
+    """The tokenizer of `base_model`, before any embedded server starts: read from the model's
+    folder as the engine resolves it (a bad name raises its ValueError now), or, with
+    `base_url`, from a sampling client of that server."""
+    if base_url:
+        sampler = service_client(base_url).create_sampling_client(base_model=base_model)
+        return sampler.get_tokenizer()
+    from transformers import AutoTokenizer
+
+    from tinker_local.engine.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(base_model), local_files_only=True)
 
 
 def quiet_sdk_polling_logs() -> None:

@@ -3,7 +3,9 @@
 It trains LoRA with the RL loop on "What is 23 + 58?" problems (reward: correct + 0.1 for a
 bare-number answer), evaluates greedily on 200 held-out problems before and after training, and
 prints accuracy with 80 % Jeffreys intervals, sample answers before/after, and where the
-reward and evaluation plots are.
+reward and evaluation plots are. Before the first step it says how long the run should take
+here, from a short measured warm-up (`warmup.py`); while it runs, the time left (a bar on a
+terminal, a line per step otherwise).
 
 The recipe (measured on a 2-core CPU; see the RL report in the README): LoRA rank 16 on every
 linear layer, learning rate 5e-4, 8 problems x 8 samples per step, temperature 1 with top-k 50,
@@ -18,28 +20,44 @@ after 20); without it, it kept its "23 + 58 = 81" working, and reached 73.5 % af
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
+from tinker_local.apps import warmup
+from tinker_local.apps.connect import service_client
+from tinker_local.apps.progress import ProgressDisplay, RunClock
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.stats import jeffreys_interval
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks import arithmetic
 
+TRAIN_BATCH = 8  # problems per step
+GROUP_SIZE = 8  # samples per problem
+EVAL_PROBLEMS = 200
 
-def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) -> RLConfig:
+
+def demo_config(
+    log_dir: str,
+    *,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    base_model: str = DEFAULT_BASE_MODEL,
+) -> RLConfig:
     return RLConfig(
         log_dir=log_dir,
-        base_model=DEFAULT_BASE_MODEL,
+        base_model=base_model,
         lora_rank=16,
         seed=seed,
         max_steps=steps,
-        batch_size=8,
-        group_size=8,
+        batch_size=TRAIN_BATCH,
+        group_size=GROUP_SIZE,
         max_tokens=32,
         temperature=1.0,
         top_k=50,
@@ -50,7 +68,7 @@ def demo_config(log_dir: str, *, steps: int, seed: int, learning_rate: float) ->
         # costs about five training steps, and ten more steps helped more than a midpoint.
         eval_every=0,
         save_every=10,
-        eval_transcripts=200,
+        eval_transcripts=EVAL_PROBLEMS,
     )
 
 
@@ -71,10 +89,19 @@ def _answers(log_dir: Path, step: int) -> list[tuple[str, str]]:
     return out
 
 
-def report(result: TrainResult, seconds: float) -> str:
+def report(
+    result: TrainResult,
+    seconds: float,
+    *,
+    base_model: str = DEFAULT_BASE_MODEL,
+    expected: tuple[float, float] | None = None,
+) -> str:
     log_dir = Path(result.log_dir)
     evals = _eval_rows(log_dir)
-    lines = [f"RL demo: {DEFAULT_BASE_MODEL}, two-digit addition, {seconds / 60:.1f} min"]
+    took = f"{seconds / 60:.1f} min"
+    if expected is not None:
+        took += f" (expected {expected[0] / 60:.1f}-{expected[1] / 60:.1f})"
+    lines = [f"RL demo: {base_model}, two-digit addition, {took}"]
     lines.append("greedy accuracy on held-out problems (80% Jeffreys interval):")
     for step, row in sorted(evals.items()):
         n = int(row["eval/n"])
@@ -101,32 +128,98 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument(
+        "--base-model",
+        default=DEFAULT_BASE_MODEL,
+        help="the recipe is tuned for the default; another model (e.g. the random "
+        "tinker-local/tiny-llama) is for quick looks and tests",
+    )
     args = parser.parse_args(argv)
     log_dir = args.log_dir or f"runs/rl-demo-seed{args.seed}"
-    cfg = demo_config(log_dir, steps=args.steps, seed=args.seed, learning_rate=args.learning_rate)
+    cfg = demo_config(
+        log_dir,
+        steps=args.steps,
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        base_model=args.base_model,
+    )
 
     def datasets(tokenizer: Any):
-        train = arithmetic.make_dataset(tokenizer, batch_size=8, group_size=8, seed=args.seed)
-        test = arithmetic.make_dataset(tokenizer, split="test", batch_size=200)
+        train = arithmetic.make_dataset(
+            tokenizer, batch_size=TRAIN_BATCH, group_size=GROUP_SIZE, seed=args.seed
+        )
+        test = arithmetic.make_dataset(tokenizer, split="test", batch_size=EVAL_PROBLEMS)
         return train, test
 
-    def show(step: int, values: dict[str, Any]) -> None:
+    client = service_client()
+    print(
+        f"loading {cfg.base_model} (a first run converts it once), then timing one step's "
+        "work on this machine...",
+        flush=True,
+    )
+    timing = asyncio.run(_warm_up(client, cfg))
+    print(timing.summary(cfg.max_steps, EVAL_PROBLEMS), flush=True)
+    expected = timing.expected_s(cfg.max_steps, EVAL_PROBLEMS)
+    clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=sum(expected) / 2)
+    started = time.perf_counter()
+    with _step_display(clock) as show:
+        result = run(cfg, datasets, service_client=client, on_step=show)
+    seconds = time.perf_counter() - started
+    print(report(result, seconds, base_model=cfg.base_model, expected=expected))
+    return 0
+
+
+async def _warm_up(client: Any, cfg: RLConfig) -> warmup.WarmUp:
+    """One step's work timed on this machine (see warmup.py), on problems the run never sees
+    (another seed); the short length is that of a terse, correct answer ("23 + 58 = 81")."""
+    tokenizer = await _tokenizer(client, cfg.base_model)
+    batch = arithmetic.make_dataset(
+        tokenizer, batch_size=TRAIN_BATCH, group_size=GROUP_SIZE, seed=cfg.seed + 1
+    ).get_batch(0)
+    terse = max(
+        len(tokenizer.encode(f"{b.problem.a} {b.problem.op} {b.problem.b} = {b.problem.result}"))
+        for b in batch
+    )
+    return await warmup.measure(client, cfg, batch, short_answer_tokens=terse + 1)  # + end
+
+
+async def _tokenizer(client: Any, base_model: str) -> Any:
+    """The base model's tokenizer, as the run will get it (from the server)."""
+    sampler = await client.create_sampling_client(base_model=base_model)
+    return sampler.get_tokenizer()
+
+
+@contextlib.contextmanager
+def _step_display(clock: RunClock):
+    """A live bar with the time left on a terminal; a plain line per step otherwise."""
+    if sys.stdout.isatty():
+        with ProgressDisplay(clock.total_steps, clock) as progress:
+
+            def on_step(step: int, values: dict[str, Any]) -> None:
+                progress.update(step, values)
+                if "eval/correct" in values:
+                    progress.console.print(_eval_line(step, values))
+
+            yield on_step
+        return
+
+    def plain(step: int, values: dict[str, Any]) -> None:
+        clock.update(step, values)
         if "eval/correct" in values:
-            print(
-                f"step {step:>3}  greedy accuracy {100 * values['eval/correct']:.1f}%", flush=True
-            )
+            print(_eval_line(step, values), flush=True)
         if "reward/mean" in values:
+            seconds = values.get("time/total", 0.0) - values.get("time/eval", 0.0)
             print(
-                f"step {step:>3}  reward {values['reward/mean']:.3f}  "
-                f"{values.get('time/total', 0.0):.1f}s",
+                f"step {step:>3}  reward {values['reward/mean']:.3f}  {seconds:.1f}s  "
+                f"{clock.describe()}",
                 flush=True,
             )
 
-    quiet_sdk_polling_logs()
-    started = time.perf_counter()
-    result = run(cfg, datasets, service_client=service_client(), on_step=show)
-    print(report(result, time.perf_counter() - started))
-    return 0
+    yield plain
+
+
+def _eval_line(step: int, values: dict[str, Any]) -> str:
+    return f"step {step:>3}  greedy accuracy {100 * values['eval/correct']:.1f}%"
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinker_local.apps.connect import service_client
+from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
 from tinker_local.eval.report import (
     ModelEval,
     Transcript,
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, ValueError, OSError) as e:
             print(f"tinker-local eval: {e}", file=sys.stderr)
             return 2
+        quiet_sdk_polling_logs()
         new, transcripts = evaluate_models(service_client(args.base_url), models, items, config)
         results += new
     try:

@@ -1,29 +1,41 @@
 """The two-stage recipe in one command: (collect) -> SFT -> RL from the SFT checkpoint -> evaluate
 base, SFT and RL side by side.
 
-    tinker-local pipeline --config pipeline.json [--base-url URL]
+    tinker-local pipeline --config pipeline.json [--preset two-stage] [--base-url URL]
 
 pipeline.json (every section but `log_dir` optional; unknown keys are errors):
 
     {
       "log_dir": "runs/pipeline",
       "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-      "collect": {"tasks": ["arithmetic"], "n": 400, "seed": 0},
+      "preset": "two-stage",                                 # optional; sections override it
+      "collect": {"tasks": ["arithmetic"], "n": 400, "seed": 0,
+                  "debate": {"policy": MODEL, "judge": "rule"}},   # optional: debate winners
       "sft": {"epochs": 1, "batch_size": 16, ...},          # SFTConfig fields
-      "rl": {"task": "arithmetic", "max_steps": 20, ...},    # RLConfig fields + task, task_options
+      "rl": {"task": "sat:0.4,abduction:0.3,deduction:0.3",  # a task or a mixture
+             "task_options": {"sat.n": 400}, "max_steps": 20, ...},   # + RLConfig fields
       "eval": {"tasks": ["arithmetic"], "n": 100, ...}       # EvalConfig fields + tasks, n, split
     }
 
-SFT trains on `sft.data`, or on what `collect` writes from the tasks' training splits. RL starts
-from the SFT checkpoint with the best validation loss, with a fresh optimizer. Every stage writes
-under `log_dir` (`collect/`, `sft/`, `rl/`, `eval/`) and resumes from there, so running the same
-command again continues an interrupted pipeline.
+SFT trains on `sft.data`, or on what `collect` writes from the tasks' training splits: verified
+answers and expert trajectories, or, with `collect.debate`, the winning sides of debates between
+two samples of `debate.policy` (default: the base model) judged by the task's verifier or by a
+model (`judge`: "rule" or a model the server serves; also `rounds`, `max_tokens`, `temperature`).
+RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer. Every
+stage writes under `log_dir` (`collect/`, `sft/`, `rl/`, `eval/`) and resumes from there, so
+running the same command again continues an interrupted pipeline.
+
+When a stage fails, the pipeline goes on: RL is skipped without an SFT checkpoint, and the final
+evaluation covers the base model and every stage that finished, naming the last good model
+(RL, else SFT, else base) and why (`eval/report.md`, `stages` in `eval/report.json`); the command
+then exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +43,13 @@ from typing import Any
 
 import tinker
 
-from tinker_local.apps.connect import service_client
+from tinker_local import presets
+from tinker_local.apps.collect import (
+    check_debate_settings,
+    debate_roles,
+    load_debate_problems,
+)
+from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client, tokenizer_for
 from tinker_local.apps.rl import datasets_for
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import ModelEval, markdown_table, write_report
@@ -41,19 +59,28 @@ from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run as train_rl
 from tinker_local.sl.collect import write_collection
 from tinker_local.sl.config import SFTConfig
+from tinker_local.sl.debate_collect import write_debate_collection
 from tinker_local.sl.train import train as train_sft
+from tinker_local.tasks.mixture import DatasetsMaker, TaskMixture
 
-_SECTIONS = {"log_dir", "base_model", "collect", "sft", "rl", "eval"}
+logger = logging.getLogger(__name__)
+
+_SECTIONS = {"log_dir", "base_model", "preset", "collect", "sft", "rl", "eval"}
 
 
 @dataclass
 class PipelineConfig:
     log_dir: str
     base_model: str = DEFAULT_BASE_MODEL
+    preset: str | None = None
     collect: dict[str, Any] | None = None
     sft: dict[str, Any] = field(default_factory=dict)
     rl: dict[str, Any] | None = None  # None skips RL (SFT then eval only)
     eval: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.preset is not None:
+            presets.preset(self.preset)  # an unknown name fails here, naming it
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> PipelineConfig:
@@ -76,8 +103,45 @@ class PipelineConfig:
                 raise ValueError("give sft.data, or a collect section to make SFT data")
             settings["data"] = [str(collected)]
         return SFTConfig.from_dict(
-            {**settings, "log_dir": str(self.root / "sft"), "base_model": self.base_model}
+            {
+                **presets.sft_settings(self.preset),
+                **settings,
+                "log_dir": str(self.root / "sft"),
+                "base_model": self.base_model,
+            }
         )
+
+    def rl_task(self) -> tuple[TaskMixture, dict[str, Any]]:
+        """The RL stage's task (or mixture) and its task options."""
+        assert self.rl is not None
+        if "task" not in self.rl:
+            raise ValueError("rl.task is required: a task or a mixture like sat:0.5,gsm8k:0.5")
+        options = self.rl.get("task_options", {})
+        if not isinstance(options, dict):
+            raise TypeError("rl.task_options must be an object of [TASK.]KEY: VALUE")
+        return TaskMixture.of(self.rl["task"]), options
+
+    def rl_config(self, load_checkpoint_path: str | None) -> RLConfig:
+        assert self.rl is not None
+        settings = {k: v for k, v in self.rl.items() if k not in ("task", "task_options")}
+        for key in ("log_dir", "base_model", "load_checkpoint_path"):
+            if key in settings:
+                raise ValueError(f"rl.{key} is set by the pipeline")
+        # A new RL run starts from the SFT weights with a fresh optimizer; an interrupted one
+        # resumes from its own checkpoints (load_checkpoint_path is ignored then).
+        return RLConfig.from_dict(
+            {
+                **presets.rl_settings(self.preset),
+                **settings,
+                "log_dir": str(self.root / "rl"),
+                "base_model": self.base_model,
+                "load_checkpoint_path": load_checkpoint_path,
+            }
+        )
+
+    def rl_datasets(self, rl_config: RLConfig) -> DatasetsMaker:
+        mixture, options = self.rl_task()
+        return datasets_for(mixture, rl_config, options)
 
     def eval_settings(self) -> tuple[list[str], int, str, EvalConfig]:
         settings = dict(self.eval)
@@ -88,90 +152,224 @@ class PipelineConfig:
 
     def _default_eval_tasks(self) -> list[str]:
         if self.rl and self.rl.get("task"):
-            return [self.rl["task"]]
+            mixture, options = self.rl_task()
+            tasks = mixture.eval_tasks(mixture.options_by_task(options))
+            if tasks:
+                return tasks
         if self.collect and self.collect.get("tasks"):
             return list(self.collect["tasks"])
         raise ValueError("eval.tasks is required when neither rl.task nor collect.tasks is set")
 
+    def collect_settings(self) -> tuple[list[str], int, int, dict[str, Any] | None]:
+        """(tasks, n, seed, debate settings or None)."""
+        assert self.collect is not None
+        settings = dict(self.collect)
+        tasks = settings.pop("tasks", None)
+        if not tasks or not isinstance(tasks, list):
+            raise ValueError("collect.tasks must be a list of task names")
+        n, seed = int(settings.pop("n", 200)), settings.pop("seed", 0)
+        debate = settings.pop("debate", None)
+        if settings:
+            raise ValueError(f"unknown collect settings {sorted(settings)}")
+        if debate is not None:
+            if not isinstance(debate, dict):
+                raise ValueError("collect.debate must be an object of debate settings")
+            debate = check_debate_settings({"policy": self.base_model, **debate})
+        return tasks, n, seed, debate
 
-def run_collect(cfg: PipelineConfig) -> Path | None:
+    def check(self) -> None:
+        """Every section's settings, before anything runs (ValueError names the bad one)."""
+        if self.collect:
+            self.collect_settings()
+        self.sft_config(self.root / "collect" / "sft.jsonl" if self.collect else None)
+        if self.rl is not None:
+            self.rl_config(None)
+            self.rl_task()
+        self.eval_settings()
+
+
+def run_collect(cfg: PipelineConfig, service: tinker.ServiceClient) -> Path | None:
     if not cfg.collect:
         return None
-    settings = dict(cfg.collect)
-    tasks, n, seed = settings.pop("tasks"), int(settings.pop("n", 200)), settings.pop("seed", 0)
-    if settings:
-        raise ValueError(f"unknown collect settings {sorted(settings)}")
+    tasks, n, seed, debate = cfg.collect_settings()
     out = cfg.root / "collect" / "sft.jsonl"
     if out.exists():
         return out  # collected by an earlier run of this pipeline
-    items = {name: load_items(name, n, split="train", seed=seed) for name in tasks}
     tmp = out.with_suffix(".jsonl.tmp")
-    counts = write_collection(items, tmp)
-    tmp.replace(out)
+    if debate is not None:
+        policy, judge = debate_roles(service, debate)
+        counts = write_debate_collection(
+            load_debate_problems(tasks, n, seed),
+            tmp,
+            policy,
+            judge,
+            rounds=debate["rounds"],
+            concurrency=debate["concurrency"],
+        )
+    else:
+        items = {name: load_items(name, n, split="train", seed=seed) for name in tasks}
+        counts = write_collection(items, tmp)
+    (cfg.root / "collect").mkdir(parents=True, exist_ok=True)
     (cfg.root / "collect" / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+    if not any(c["kept"] for c in counts.values()):
+        raise RuntimeError(f"collect kept nothing ({json.dumps(counts)}); SFT has no data")
+    tmp.replace(out)
     return out
 
 
-def run_rl(cfg: PipelineConfig, service: tinker.ServiceClient, sft_state_path: str) -> str:
+def run_rl(
+    cfg: PipelineConfig,
+    service: tinker.ServiceClient,
+    sft_state_path: str,
+    datasets: DatasetsMaker | None = None,
+) -> str:
     """RL from the SFT weights; returns the final RL sampler path."""
-    assert cfg.rl is not None
-    settings = dict(cfg.rl)
-    task = settings.pop("task")
-    options = settings.pop("task_options", {})
-    # A new RL run starts from the SFT weights with a fresh optimizer; an interrupted one
-    # resumes from its own checkpoints (load_checkpoint_path is ignored then).
-    rl_config = RLConfig.from_dict(
-        {
-            **settings,
-            "log_dir": str(cfg.root / "rl"),
-            "base_model": cfg.base_model,
-            "load_checkpoint_path": sft_state_path,
-        }
-    )
-    result = train_rl(
-        rl_config, datasets_for(task, rl_config, dict(options)), service_client=service
-    )
+    rl_config = cfg.rl_config(sft_state_path)
+    result = train_rl(rl_config, datasets or cfg.rl_datasets(rl_config), service_client=service)
     if result.final_sampler_path is None:
         raise RuntimeError(f"RL run in {rl_config.log_dir} ended without sampler weights")
     return result.final_sampler_path
 
 
-def run_pipeline(cfg: PipelineConfig, service: tinker.ServiceClient) -> list[ModelEval]:
+@dataclass
+class Stage:
+    name: str  # collect, sft, rl
+    status: str  # ok, failed, skipped
+    model: str | None = None  # the stage's sampler weights (sft, rl)
+    error: str | None = None
+
+
+@dataclass
+class PipelineOutcome:
+    results: list[ModelEval]  # base, then every stage that produced a model
+    stages: list[Stage]
+    final: str  # the label of the last good model: rl, else sft, else base
+
+    @property
+    def failed(self) -> list[Stage]:
+        return [s for s in self.stages if s.status == "failed"]
+
+    def summary(self) -> str:
+        """Markdown: each stage's outcome and which model the pipeline ends with."""
+        lines = ["Stages:"]
+        for s in self.stages:
+            detail = f" ({s.error})" if s.error else ""
+            lines.append(f"- {s.name}: {s.status}{detail}")
+        why = "every stage finished" if not self.failed else (
+            f"{', '.join(s.name for s in self.failed)} failed, so the last good model is evaluated"
+        )
+        lines.append(f"\nFinal model: **{self.final}** ({why})")
+        return "\n".join(lines) + "\n\n"
+
+
+def _failure(stage: str, error: BaseException) -> Stage:
+    logger.exception("pipeline stage %s failed", stage)
+    return Stage(stage, "failed", error=f"{type(error).__name__}: {error}")
+
+
+def run_pipeline(
+    cfg: PipelineConfig,
+    service: tinker.ServiceClient,
+    *,
+    rl_datasets: DatasetsMaker | None = None,
+) -> PipelineOutcome:
+    """Collect, SFT, RL and evaluate; a failed stage is recorded and the rest goes on (see the
+    module docstring). `rl_datasets` (`make(tokenizer) -> (train, test)`): the RL stage's data,
+    when already built (default: built from `rl.task`)."""
     cfg.root.mkdir(parents=True, exist_ok=True)
-    collected = run_collect(cfg)
-    sft = train_sft(cfg.sft_config(collected), service)
-    chosen = sft.best or sft.final
-    if chosen is None or chosen.sampler_path is None:
-        raise RuntimeError("SFT finished without a sampler checkpoint")
-    models = [("base", cfg.base_model), ("sft", chosen.sampler_path)]
+    stages: list[Stage] = []
+    models = [("base", cfg.base_model)]
+    sft_state: str | None = None
+    collected: Path | None = None
+    collect_failed = False
+    if cfg.collect:
+        try:
+            collected = run_collect(cfg, service)
+            stages.append(Stage("collect", "ok"))
+        except Exception as error:  # noqa: BLE001 - recorded, reported, and the rest goes on
+            stages.append(_failure("collect", error))
+            collect_failed = True
+    if collect_failed and not cfg.sft.get("data"):
+        stages.append(Stage("sft", "skipped", error="no SFT data: collect failed"))
+    else:
+        try:
+            sft = train_sft(cfg.sft_config(collected), service)
+            chosen = sft.best or sft.final
+            if chosen is None or chosen.sampler_path is None:
+                raise RuntimeError("SFT finished without a sampler checkpoint")
+            models.append(("sft", chosen.sampler_path))
+            sft_state = chosen.state_path
+            stages.append(Stage("sft", "ok", model=chosen.sampler_path))
+        except Exception as error:  # noqa: BLE001
+            stages.append(_failure("sft", error))
     if cfg.rl is not None:
-        models.append(("rl", run_rl(cfg, service, chosen.state_path)))
+        if sft_state is None:
+            stages.append(Stage("rl", "skipped", error="no SFT checkpoint to start from"))
+        else:
+            try:
+                path = run_rl(cfg, service, sft_state, rl_datasets)
+                models.append(("rl", path))
+                stages.append(Stage("rl", "ok", model=path))
+            except Exception as error:  # noqa: BLE001
+                stages.append(_failure("rl", error))
 
     tasks, n, split, eval_config = cfg.eval_settings()
     items = {name: load_items(name, n, split=split, seed=eval_config.seed) for name in tasks}
     results, transcripts = evaluate_models(service, models, items, eval_config)
-    write_report(cfg.root / "eval", results, transcripts)
-    return results
+    outcome = PipelineOutcome(results, stages, final=models[-1][0])
+    write_report(
+        cfg.root / "eval",
+        results,
+        transcripts,
+        preamble=outcome.summary(),
+        extra={
+            "stages": [s.__dict__ for s in stages],
+            "final": {"label": outcome.final, "model": models[-1][1]},
+        },
+    )
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="tinker-local pipeline", description=__doc__.split("\n\n")[0]
+        prog="tinker-local pipeline",
+        description=__doc__.split("\n\n")[0],
+        epilog=presets.describe("rl") + "\n(the SFT stage gets each preset's SFT settings)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, type=Path, help="pipeline JSON file")
+    parser.add_argument("--preset", help="a named preset (overrides the file's `preset`)")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
     args = parser.parse_args(argv)
     try:
-        cfg = PipelineConfig.from_dict(json.loads(args.config.read_text()))
-        cfg.sft_config(cfg.root / "collect" / "sft.jsonl" if cfg.collect else None)
-        cfg.eval_settings()
-    except (ValueError, TypeError, OSError) as e:
-        print(f"tinker-local pipeline: {e}", file=sys.stderr)
+        data = json.loads(args.config.read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"{args.config}: a pipeline config must be a JSON object")
+        if args.preset is not None:
+            data["preset"] = args.preset
+        cfg = PipelineConfig.from_dict(data)
+        cfg.check()
+        rl_datasets: DatasetsMaker | None = None
+        if cfg.rl is not None:
+            # The RL data before the server: bad task data must not cost a server start.
+            built = cfg.rl_datasets(cfg.rl_config(None))(
+                tokenizer_for(cfg.base_model, args.base_url)
+            )
+
+            def rl_datasets(_tokenizer: Any) -> tuple[Any, Any]:
+                return built
+        tasks, _, split, eval_config = cfg.eval_settings()
+        for name in tasks:  # unknown tasks and unreadable data fail here
+            load_items(name, 1, split=split, seed=eval_config.seed)
+    except (ValueError, TypeError, KeyError, OSError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"tinker-local pipeline: {message}", file=sys.stderr)
         return 2
-    results = run_pipeline(cfg, service_client(args.base_url))
-    print(markdown_table(results))
+    quiet_sdk_polling_logs()
+    outcome = run_pipeline(cfg, service_client(args.base_url), rl_datasets=rl_datasets)
+    print(outcome.summary() + markdown_table(outcome.results))
     print(f"reports in {cfg.root / 'eval'}")
-    return 0
+    return 1 if outcome.failed else 0
 
 
 if __name__ == "__main__":

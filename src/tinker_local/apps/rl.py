@@ -1,10 +1,16 @@
-"""`tinker-local rl`: RL on a task from the command line.
+"""`tinker-local rl`: RL on a task, or on a mixture of tasks, from the command line.
 
     tinker-local rl --task arithmetic --log-dir runs/add --max-steps 60 --learning-rate 5e-4
     tinker-local rl --task gsm8k --task-option path=sample --task-option r1_zero=true ...
+    tinker-local rl --task sat:0.4,abduction:0.3,deduction:0.3 --task-option sat.n=400 ...
+    tinker-local rl --task debate --task-option task=sat --task-option judge=MODEL ...
+    tinker-local rl --preset two-stage --lora-rank 8 ...   # a preset, one setting smaller
     tinker-local rl --config rl.json          # RLConfig keys in snake_case; flags override
 
-Running the same command again with the same log dir resumes where the run stopped.
+Settings come from the preset, then the config file, then the flags (each overrides the one
+before). The task data is built before any server starts, so a bad task, option or data file
+is reported as `tinker-local rl: <message>` (exit status 2) at once. Running the same command
+again with the same log dir resumes where the run stopped.
 """
 
 from __future__ import annotations
@@ -16,28 +22,28 @@ import logging
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
+from tinker_local import presets
+from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client, tokenizer_for
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl.step_metrics import eval_task_names
 from tinker_local.rl.train import TrainResult, run
-from tinker_local.tasks import registry
+from tinker_local.tasks.debate import ModelJudge
+from tinker_local.tasks.debate_env import served_model_completion
+from tinker_local.tasks.mixture import DatasetsMaker, TaskMixture, split_options
+
+PROG = "tinker-local rl"
 
 
-def task_factory(name: str) -> Callable[..., Any]:
-    """The dataset factory of task `name` (a task or a paradigm of the registry): it takes
-    (tokenizer, *, split, batch_size, group_size, seed, **task options) and returns an
-    RLDataset."""
-    known = set(registry.TASKS) | set(registry.PARADIGMS)
-    if name not in known:
-        raise SystemExit(f"tinker-local rl: unknown task {name!r} (known: {sorted(known)})")
-    return lambda tokenizer, **kw: registry.make_dataset(name, tokenizer, **kw)
+class UsageError(ValueError):
+    """A bad flag, preset, mixture or task option, reported without a traceback."""
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--task-option wants KEY=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--task-option wants [TASK.]KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:
         return key, json.loads(value)  # numbers, true/false, lists
@@ -58,19 +64,29 @@ def _flag_type(name: str) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tinker-local rl",
-        description="GRPO/PPO-style RL with LoRA on a task. Defaults are documented in "
-        "tinker_local.rl.config.",
+        prog=PROG,
+        description="GRPO/PPO-style RL with LoRA on a task or a mixture of tasks. Defaults are "
+        "documented in tinker_local.rl.config.",
+        epilog=presets.describe("rl"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--task", required=True, help="task name (e.g. arithmetic, gsm8k)")
+    parser.add_argument(
+        "--task",
+        required=True,
+        help="a task (e.g. arithmetic, gsm8k), or a mixture TASK:WEIGHT,... "
+        "(e.g. sat:0.4,abduction:0.3,deduction:0.3); each batch mixes tasks by weight",
+    )
     parser.add_argument(
         "--task-option",
         action="append",
         type=_parse_option,
         default=[],
-        metavar="KEY=VALUE",
-        help="passed to the task's dataset factory (repeatable)",
+        metavar="[TASK.]KEY=VALUE",
+        help="passed to the task's dataset factory (repeatable); in a mixture, prefix the task "
+        "(sat.n=400). debate: judge=rule (default) or judge=MODEL, a base model or tinker:// "
+        "sampler path the server serves, as a model judge",
     )
+    parser.add_argument("--preset", help="a named set of settings (see below)")
     parser.add_argument("--config", help="JSON file of RLConfig settings; flags override it")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
     parser.add_argument("--stop-after-steps", type=int, help="pause after this many steps")
@@ -89,43 +105,99 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> RLConfig:
-    settings: dict[str, Any] = {}
+def config_from_args(args: argparse.Namespace, mixture: TaskMixture | None = None) -> RLConfig:
+    """The preset's settings, then the config file's, then the flags'."""
+    settings: dict[str, Any] = presets.rl_settings(args.preset)
     if args.config:
         with open(args.config) as f:
-            settings = json.load(f)
+            from_file = json.load(f)
+        if not isinstance(from_file, dict):
+            raise UsageError(f"{args.config}: a config file must hold a JSON object")
+        settings.update(from_file)
     for field in dataclasses.fields(RLConfig):
         value = getattr(args, field.name)
         if value is not None:
             settings[field.name] = value
     if "log_dir" not in settings:
-        settings["log_dir"] = f"runs/rl-{args.task}"
+        mixture = mixture or TaskMixture.parse(args.task)
+        settings["log_dir"] = f"runs/rl-{mixture.slug()}"
     return RLConfig.from_dict(settings)
 
 
-def datasets_for(task: str, cfg: RLConfig, options: dict[str, Any]):
-    factory = task_factory(task)
+def model_judges(
+    options: dict[str, dict[str, Any]], connect: Callable[[], Any]
+) -> dict[str, dict[str, Any]]:
+    """`judge=MODEL` of the debate task as a `ModelJudge` over that model, whose sampling
+    client opens through `connect()` on first use (so the datasets can exist before the
+    server); `judge=rule` (the default) is the task's own verifier."""
+    debate = options.get("debate")
+    if not debate or "judge" not in debate:
+        return options
+    debate = dict(debate)
+    judge = debate.pop("judge")
+    max_tokens = debate.pop("judge_max_tokens", 32)
+    if not isinstance(judge, str) or not judge:
+        raise UsageError(f"debate judge={judge!r}: give rule or a model name")
+    if judge != "rule":
+        debate["judge"] = ModelJudge(served_model_completion(judge, connect, max_tokens=max_tokens))
+    return {**options, "debate": debate}
 
-    def make(tokenizer: Any):
-        common = {"batch_size": cfg.batch_size, "seed": cfg.seed, **options}
-        train = factory(tokenizer, split="train", group_size=cfg.group_size, **common)
-        test = factory(tokenizer, split="test", group_size=1, **common)
-        return train, test
 
-    return make
+def datasets_for(
+    task: str | TaskMixture,
+    cfg: RLConfig,
+    options: Mapping[str, Any] | None = None,
+    connect: Callable[[], Any] | None = None,
+) -> DatasetsMaker:
+    """`make(tokenizer) -> (train, test)` for a task or mixture; `options` flat (`KEY` for one
+    task, `TASK.KEY`) or per task; `connect()` gives the service client a model judge uses."""
+    mixture = TaskMixture.of(task)
+    per_task = model_judges(mixture.options_by_task(options), connect or _no_service)
+    return mixture.datasets(
+        batch_size=cfg.batch_size, group_size=cfg.group_size, seed=cfg.seed, options=per_task
+    )
+
+
+def _no_service() -> Any:
+    raise RuntimeError("a model judge needs a service client (pass connect=...)")
+
+
+def _fail(message: object) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def _message(error: BaseException) -> str:
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        mixture = TaskMixture.parse(args.task)
+        options = split_options(args.task_option, mixture)
+        cfg = config_from_args(args, mixture)
+    except (ValueError, TypeError, OSError) as error:
+        return _fail(error)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     quiet_sdk_polling_logs()
-    cfg = config_from_args(args)
-    make = datasets_for(args.task, cfg, dict(args.task_option))
-    client = service_client(args.base_url)
+    service: dict[str, Any] = {}
+    try:
+        # Before the server: a bad task, option or data file must not cost a server start.
+        tokenizer = tokenizer_for(cfg.base_model, args.base_url)
+        make = datasets_for(mixture, cfg, options, connect=lambda: service["client"])
+        train, test = make(tokenizer)
+    except (ValueError, TypeError, KeyError, OSError) as error:
+        return _fail(_message(error))
+    service["client"] = client = service_client(args.base_url)
+
+    def datasets(_tokenizer: Any) -> tuple[Any, Any]:
+        return train, test
+
     if args.no_progress or not sys.stderr.isatty():
         result = run(
             cfg,
-            make,
+            datasets,
             service_client=client,
             stop_after_steps=args.stop_after_steps,
             on_step=_print_step,
@@ -136,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         with ProgressDisplay(cfg.max_steps) as progress:
             result = run(
                 cfg,
-                make,
+                datasets,
                 service_client=client,
                 stop_after_steps=args.stop_after_steps,
                 on_step=progress.update,
@@ -147,15 +219,50 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_step(step: int, values: dict[str, Any]) -> None:
     parts = [f"step {step}"]
-    for key in ("reward/mean", "eval/correct", "eval/reward", "time/total"):
+    for key in ("reward/mean", "eval/correct", "eval/reward", "eval/success_rate", "time/total"):
         if key in values:
             parts.append(f"{key}={values[key]:.3f}")
     print("  ".join(parts), flush=True)
+    if len(eval_task_names(values)) > 1:
+        print(evaluation_table(values), flush=True)
+
+
+def evaluation_table(values: Mapping[str, float]) -> str:
+    """Each task's greedy success rate with its Jeffreys interval, then pooled and unweighted."""
+    lines = [
+        "greedy evaluation (80 % Jeffreys intervals):",
+        f"  {'task':<24} {'n':>5}  {'success':>7}  {'interval':<14}  {'reward':>7}",
+    ]
+    for task in eval_task_names(values):
+        p = f"eval_task/{task}/"
+        if p + "success_rate" not in values:
+            continue
+        interval = f"[{values[p + 'success_low']:.2f}, {values[p + 'success_high']:.2f}]"
+        lines.append(
+            f"  {task:<24} {values[p + 'n']:>5.0f}  {values[p + 'success_rate']:>7.3f}  "
+            f"{interval:<14}  {values[p + 'reward']:>7.3f}"
+        )
+    if "eval/success_rate" in values:
+        interval = f"[{values['eval/success_low']:.2f}, {values['eval/success_high']:.2f}]"
+        lines.append(
+            f"  {'pooled (every episode)':<24} {values['eval/n']:>5.0f}  "
+            f"{values['eval/success_rate']:>7.3f}  {interval:<14}  {values['eval/reward']:>7.3f}"
+        )
+    if "eval/success_rate_unweighted" in values:
+        lines.append(
+            f"  {'unweighted mean of tasks':<24} {'':>5}  "
+            f"{values['eval/success_rate_unweighted']:>7.3f}  {'':<14}  "
+            f"{values['eval/reward_unweighted']:>7.3f}"
+        )
+    return "\n".join(lines)
 
 
 def _print_result(result: TrainResult) -> None:
     print(f"done: {result.steps_done} steps, logs in {result.log_dir}")
     if result.final_sampler_path:
         print(f"final sampler weights: {result.final_sampler_path}")
+    if eval_task_names(result.last_eval):
+        print(evaluation_table(result.last_eval))
     for key, value in sorted(result.last_eval.items()):
-        print(f"  {key}: {value:.4f}")
+        if not key.startswith("eval_task/"):
+            print(f"  {key}: {value:.4f}")

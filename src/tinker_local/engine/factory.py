@@ -9,9 +9,10 @@ is chosen here: "builtin" (the continuous-batching sampler) or "vllm"; None read
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from tinker_local import config
-from tinker_local.engine import vllm_sampler
+from tinker_local.engine import models, vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.sampling_service import ContinuousSampling, SamplingFactory
@@ -26,4 +27,11 @@ def engine_factory(
     if config.sampler_backend(sampler) == "vllm":
         vllm_sampler.check_installed()
         sampling = functools.partial(vllm_sampler.VllmSampling, args=vllm_sampler.llm_args())
-    return functools.partial(Engine, device=device, dtype=dtype, sampling=sampling)
+    return functools.partial(_serving_engine, device=device, dtype=dtype, sampling=sampling)
+
+
+def _serving_engine(**engine_args: Any) -> Engine:
+    """The engine, once every listed model's tokenizer is loadable offline by name: scripts
+    written for hosted Tinker load it before they ask the server anything (issue 22)."""
+    models.publish_tokenizers()
+    return Engine(**engine_args)

@@ -286,6 +286,30 @@ def ensure_tokenizer_resolvable(name: str, folder: Path) -> Path | None:
     return snapshot
 
 
+def publish_tokenizers() -> dict[str, Path]:
+    """Make the tokenizer of every model `available_models` lists loadable offline by name
+    (`AutoTokenizer.from_pretrained(name)`), without loading or building any weights. A server
+    calls this before it answers its first request. Models found in the hub cache already have
+    theirs; each built-in's is published unless the cache already holds a tokenizer for that
+    name (`ensure_tokenizer_resolvable`). Returns name -> snapshot folder of those published."""
+    published: dict[str, Path] = {}
+    for name in builtin.builtin_names():
+        existing = cached_snapshot(name)
+        if existing is not None and _has_tokenizer(existing):
+            published[name] = existing
+            continue
+        try:
+            folder = builtin.tokenizer_folder(name)
+        except FileNotFoundError as error:  # an optional package that ships the tokenizer
+            level = logging.INFO if name in builtin.TINY_FAMILY_MODELS else logging.WARNING
+            logger.log(level, "the tokenizer of %s cannot be published: %s", name, error)
+            continue
+        snapshot = ensure_tokenizer_resolvable(name, folder)
+        if snapshot is not None:
+            published[name] = snapshot
+    return published
+
+
 def _has_tokenizer(snapshot: Path) -> bool:
     return (snapshot / "tokenizer_config.json").is_file() and any(
         (snapshot / f).is_file() for f in TOKENIZER_VOCAB_FILES
@@ -339,14 +363,16 @@ def _load_causal_lm(folder: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
-        )
+        with builtin.no_progress_bars():
+            return AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+            )
     except (ValueError, ImportError) as error:  # architectures without an SDPA path
         logger.info("sdpa attention unavailable for %s (%s); using eager", folder, error)
-        return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation="eager", local_files_only=True
-        )
+        with builtin.no_progress_bars():
+            return AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation="eager", local_files_only=True
+            )
 
 
 def _is_model_folder(folder: Path) -> bool:

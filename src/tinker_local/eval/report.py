@@ -1,8 +1,9 @@
 """Evaluation outputs: JSON for machines, Markdown for people, a PNG plot, transcripts as JSONL.
 
 Several models (base, SFT, RL, ...) evaluated on the same tasks are reported side by side. The
-headline number per task is the success rate with its 80 % Jeffreys interval; Pareto dominance is
-judged on per-task success rates.
+headline number per task is the success rate with its 80 % Jeffreys interval; across tasks, the
+pooled rate (weighted by samples, with its interval) and the unweighted mean of the tasks' rates
+stand side by side. Pareto dominance is judged on per-task success rates.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def markdown_table(results: Sequence[ModelEval]) -> str:
     aggs = [r.aggregate for r in results]
     cells = [_rate_cell(a.success_rate, a.interval, a.n) for a in aggs]
     lines.append("| **all (weighted by samples)** | " + " | ".join(cells) + " |")
+    cells = [f"{a.unweighted_success_rate:.2f}" for a in aggs]
+    lines.append("| **mean of tasks (unweighted)** | " + " | ".join(cells) + " |")
 
     lines += ["", "Score: mean ± std (median)", "", header, rule]
     for task in tasks:
@@ -158,6 +161,11 @@ def markdown_table(results: Sequence[ModelEval]) -> str:
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     lines.append(
         "| **all (weighted by samples)** | " + " | ".join(f"{a.mean:.3f}" for a in aggs) + " |"
+    )
+    lines.append(
+        "| **mean of tasks (unweighted)** | "
+        + " | ".join(f"{a.unweighted_mean:.3f}" for a in aggs)
+        + " |"
     )
 
     rates = success_rates(results)
@@ -230,9 +238,15 @@ def read_transcripts(path: Path) -> list[Transcript]:
 
 
 def write_report(
-    out_dir: Path, results: Sequence[ModelEval], transcripts: Sequence[Transcript] = ()
+    out_dir: Path,
+    results: Sequence[ModelEval],
+    transcripts: Sequence[Transcript] = (),
+    *,
+    preamble: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """Write report.json, report.md, report.png and (if any) transcripts.jsonl to `out_dir`."""
+    """Write report.json, report.md, report.png and (if any) transcripts.jsonl to `out_dir`.
+    `preamble` (Markdown) goes above the tables; `extra` keys go into report.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -240,8 +254,8 @@ def write_report(
         "markdown": out_dir / "report.md",
         "plot": out_dir / "report.png",
     }
-    paths["json"].write_text(json.dumps(report_dict(results), indent=2) + "\n")
-    paths["markdown"].write_text(markdown_table(results))
+    paths["json"].write_text(json.dumps({**report_dict(results), **(extra or {})}, indent=2) + "\n")
+    paths["markdown"].write_text(preamble + markdown_table(results))
     save_plot(results, paths["plot"])
     if transcripts:
         paths["transcripts"] = out_dir / "transcripts.jsonl"

@@ -6,10 +6,12 @@ correctness with shaping bonuses (0.1 for a well-formed wrong answer) should not
 way, so callers may pass the successes explicitly (the runner uses the verifier's `correct`
 metric when a task reports one).
 
-The interval for the success probability is the equal-tailed Jeffreys interval: the posterior
-under the Jeffreys prior Beta(1/2, 1/2) is Beta(1/2 + s, 1/2 + n - s), and the 80 % interval is
-its 10th and 90th percentiles. We report the percentiles as they are (no clamping to 0 or 1
-when s = 0 or s = n), so the numbers can be checked against any Beta quantile function.
+The interval for the success probability is the equal-tailed Jeffreys interval
+(`tinker_local.intervals`, shared with the RL loop's evaluations).
+
+Aggregates over several tasks report both the pooled rate (every sample weighs the same, so a
+task weighs as much as its number of samples) and the unweighted mean of the per-task rates
+(every task weighs the same).
 """
 
 from __future__ import annotations
@@ -19,30 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from scipy.stats import beta as beta_dist
-
-DEFAULT_LEVEL = 0.8
-
-
-@dataclass(frozen=True)
-class Interval:
-    low: float
-    high: float
-    level: float = DEFAULT_LEVEL
-
-
-def jeffreys_interval(successes: int, n: int, level: float = DEFAULT_LEVEL) -> Interval:
-    """Equal-tailed Jeffreys interval for a success probability from `successes` out of `n`."""
-    if n <= 0:
-        raise ValueError(f"jeffreys_interval needs n >= 1 trials, got n={n}")
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes must be within [0, n={n}], got {successes}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    tail = (1.0 - level) / 2.0
-    a, b = 0.5 + successes, 0.5 + n - successes
-    low, high = beta_dist.ppf([tail, 1.0 - tail], a, b)
-    return Interval(low=float(low), high=float(high), level=level)
+from tinker_local.intervals import DEFAULT_LEVEL, Interval, jeffreys_interval
 
 
 def is_success(score: float) -> bool:
@@ -118,13 +97,17 @@ def summarize(
 
 @dataclass(frozen=True)
 class Aggregate:
-    """All tasks pooled, so each task weighs as much as its number of samples."""
+    """All tasks pooled (each task weighs as much as its number of samples), and next to it the
+    unweighted mean over tasks (each task weighs the same)."""
 
     n: int
     mean: float
     successes: int
     success_rate: float
     interval: Interval
+    tasks: int = 1
+    unweighted_mean: float = 0.0
+    unweighted_success_rate: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,6 +124,9 @@ def aggregate(stats: Sequence[TaskStats], level: float = DEFAULT_LEVEL) -> Aggre
         successes=successes,
         success_rate=successes / n,
         interval=jeffreys_interval(successes, n, level),
+        tasks=len(stats),
+        unweighted_mean=statistics.fmean(s.mean for s in stats),
+        unweighted_success_rate=statistics.fmean(s.success_rate for s in stats),
     )
 
 

@@ -42,6 +42,16 @@ Optimizer
   flagged).
 - `lr_schedule="constant"` (as the cookbook's RL recipes); `"cosine"` decays from the peak to
   `lr_min_ratio` x peak over `max_steps`, which steadies the end of a short run.
+  `lr_warmup_ratio=0.0`: > 0 rises linearly to the peak over that share of the steps first
+  (with either schedule).
+
+LoRA
+- `lora_rank=32` (the SDK's default). `lora_alpha=None` keeps the server's scale (alpha 32 for
+  every rank, the hosted service's parametrisation); `lora_alpha` and `lora_dropout=0.0` (on the
+  LoRA input, training passes only) are sent as the tinker-local `user_metadata` extension
+  (`tinker_local.lora_alpha` / `tinker_local.lora_dropout`), which hosted Tinker ignores. A run
+  started from a checkpoint (`load_checkpoint_path`) keeps the checkpoint's alpha and dropout,
+  as it keeps its rank.
 
 Sampling and evaluation
 - `temperature=1.0`: the policy gradient is unbiased only for the distribution we sample from,
@@ -54,19 +64,29 @@ Off-policy
   steps old are dropped and their problems sampled again.
 - `num_minibatches=1`: the batch is split into this many minibatches, each trained (and
   followed by an optimizer step) as soon as its groups have arrived.
+
+Debugging
+- `debug_dump=False`: True writes `debug/step-NNNNNN.parquet` each step, one row per token of
+  every trained datum: tokens, the sampler's and the learner's logprobs, the per-token
+  advantages (`rl/debug_dump.py`; load it with `pandas.read_parquet`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from tinker_local.config import DEFAULT_BASE_MODEL
+from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
 
 LossFn = Literal["ppo", "importance_sampling", "cispo", "dro"]
 AdvantageEstimator = Literal["group", "gae"]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -74,6 +94,8 @@ class RLConfig:
     log_dir: str
     base_model: str = DEFAULT_BASE_MODEL
     lora_rank: int = 32
+    lora_alpha: float | None = None  # None: the server's default (32); tinker-local extension
+    lora_dropout: float = 0.0  # tinker-local extension
     # Start a new run from these weights (a tinker:// state path, e.g. the SFT stage's) with a
     # fresh optimizer; the checkpoint's LoRA rank replaces `lora_rank`. Ignored on resume.
     load_checkpoint_path: str | None = None
@@ -108,6 +130,7 @@ class RLConfig:
     learning_rate: float | None = None
     lr_schedule: Literal["constant", "cosine"] = "constant"
     lr_min_ratio: float = 0.1  # cosine: the last step's rate as a share of the peak
+    lr_warmup_ratio: float = 0.0  # share of the steps that warm up linearly to the peak
     beta1: float = 0.9
     beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -127,6 +150,7 @@ class RLConfig:
     eval_transcripts: int = 8  # decoded evaluation episodes kept per evaluation
     wandb_project: str | None = None
     tensorboard: bool = False
+    debug_dump: bool = False  # per-step parquet of the trained tokens (rl/debug_dump.py)
 
     def __post_init__(self) -> None:
         checks = {
@@ -136,6 +160,9 @@ class RLConfig:
             "max_tokens": self.max_tokens >= 1,
             "temperature": self.temperature >= 0,
             "lora_rank": self.lora_rank >= 1,
+            "lora_alpha": self.lora_alpha is None
+            or (_is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf),
+            "lora_dropout": _is_number(self.lora_dropout) and 0 <= self.lora_dropout < 1,
             "loss_fn": self.loss_fn in ("ppo", "importance_sampling", "cispo", "dro"),
             "clip_low": 0 < self.clip_low <= 1,
             "clip_high": self.clip_high >= 1,
@@ -151,6 +178,7 @@ class RLConfig:
             "learning_rate": self.learning_rate is None or self.learning_rate > 0,
             "lr_schedule": self.lr_schedule in ("constant", "cosine"),
             "lr_min_ratio": 0 <= self.lr_min_ratio <= 1,
+            "lr_warmup_ratio": 0 <= self.lr_warmup_ratio < 1,
             "grad_clip_norm": self.grad_clip_norm >= 0,
             "kl_penalty_coef": self.kl_penalty_coef >= 0,
             "tis_cap": self.tis_cap is None or self.tis_cap >= 1,
@@ -175,6 +203,10 @@ class RLConfig:
                 "RLConfig.group_size must be >= 2: advantages are relative to the group mean, "
                 "so a group of one never has a learning signal"
             )
+
+    def lora_metadata(self) -> dict[str, str] | None:
+        """The create_model `user_metadata` for `lora_alpha` / `lora_dropout` (None: neither)."""
+        return lora_metadata(self.lora_alpha, self.lora_dropout)
 
     def loss_fn_config(self) -> dict[str, float] | None:
         if self.loss_fn in ("ppo", "cispo"):

@@ -40,7 +40,7 @@ async def open_value_client(
         base_model=config.base_model,
         rank=config.value_lora_rank or config.lora_rank,
         seed=config.seed + 1,
-        user_metadata=dict(VALUE_MODEL_METADATA),
+        user_metadata={**VALUE_MODEL_METADATA, **(config.lora_metadata() or {})},
     )
 
 
@@ -53,11 +53,13 @@ class Critic:
     async def advantages(self, groups: Sequence[TrajectoryGroup]) -> GaeBatch | None:
         """Per-token GAE advantages (written into the sequences) and returns, from the value
         model's current predictions; None when the groups have no trainable token."""
-        episodes = [
-            episode(traj, final_bonus=total - traj.total_reward)
-            for g in groups
-            for traj, total in zip(g.trajectories, g.rewards)
-        ]
+        episodes = []
+        for g in groups:
+            for traj, total in zip(g.trajectories, g.rewards):
+                e = episode(traj, final_bonus=total - traj.total_reward)
+                for seq in e.seqs:
+                    seq.tags = list(g.tags)
+                episodes.append(e)
         episodes = [e for e in episodes if e.steps]
         seqs = [s for e in episodes for s in e.seqs]
         if not seqs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tinker
 
@@ -24,6 +24,7 @@ class TrainSequence:
     sampler_logprobs: list[float]  # the sampler's logprob for action tokens, 0 elsewhere
     mask: list[float]  # 1.0 on action tokens
     advantages: list[float]  # the episode's advantage on action tokens, 0 elsewhere
+    tags: list[str] = field(default_factory=list)  # the group's logging tags (its task)
 
     @property
     def action_positions(self) -> list[int]:
@@ -59,7 +60,9 @@ def group_sequences(
     out: list[TrainSequence] = []
     for group, advs in zip(groups, advantages):
         for traj, adv in zip(group.trajectories, advs):
-            out += trajectory_sequences(traj, adv)
+            for seq in trajectory_sequences(traj, adv):
+                seq.tags = list(group.tags)
+                out.append(seq)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import tinker
 
-from tinker_local.schedule import WarmupCosine
+from tinker_local.schedule import WarmupCosine, warmup_steps_for
 
 BASE_LR = 5e-5
 LORA_MULTIPLIER = 10.0
@@ -79,10 +79,17 @@ def default_learning_rate(base_model: str, tokenizer: Any | None = None) -> floa
 
 def scheduled_learning_rate(config: Any, peak: float, step: int) -> float:
     """The learning rate of RL step `step` under `config.lr_schedule` ("constant" or "cosine"
-    from `peak` down to `config.lr_min_ratio` x peak on the last of `config.max_steps`)."""
-    if config.lr_schedule == "constant":
+    from `peak` down to `config.lr_min_ratio` x peak on the last of `config.max_steps`), after
+    a linear warm-up over `config.lr_warmup_ratio` of the steps."""
+    warmup_ratio = getattr(config, "lr_warmup_ratio", 0.0)
+    if config.lr_schedule == "constant" and not warmup_ratio:
         return peak
-    schedule = WarmupCosine(peak, config.max_steps, min_ratio=config.lr_min_ratio)
+    schedule = WarmupCosine(
+        peak,
+        config.max_steps,
+        warmup_steps=warmup_steps_for(config.max_steps, warmup_ratio),
+        min_ratio=1.0 if config.lr_schedule == "constant" else config.lr_min_ratio,
+    )
     return schedule(min(step, config.max_steps - 1))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -134,23 +135,8 @@ class MetricsLog:
         written = []
         train = [r for r in rows if "reward/mean" in r]
         if train:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="mean")
-            if all("reward/max" in r for r in train):
-                ax.fill_between(
-                    [r["step"] for r in train],
-                    [r["reward/min"] for r in train],
-                    [r["reward/max"] for r in train],
-                    alpha=0.15,
-                    label="min-max",
-                )
-            ax.set_xlabel("step")
-            ax.set_ylabel("train reward")
-            ax.legend()
-            fig.tight_layout()
             written.append(self.dir / "reward.png")
-            fig.savefig(written[-1], dpi=110)
-            plt.close(fig)
+            _plot_reward(plt, train, written[-1])
         evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
         if evals:
             keys = sorted(
@@ -174,6 +160,72 @@ class MetricsLog:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+
+
+def _plot_reward(plt: Any, train: list[dict[str, Any]], path: Path) -> None:
+    """Each step's batch mean reward with a band of one standard error of that mean (how well
+    the batch pins the policy's reward down; a min-max band spans 0 to 1 at almost every step
+    of a 0/1 reward), and a centred moving average to show the trend through that noise."""
+    import numpy as np
+
+    steps = np.array([r["step"] for r in train], dtype=float)
+    mean = np.array([r["reward/mean"] for r in train], dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, mean, color="tab:blue", alpha=0.35, linewidth=1, label="batch mean")
+    stderr = np.array([_standard_error(r) for r in train])
+    if not np.isnan(stderr).all():
+        ax.fill_between(
+            steps,
+            mean - stderr,
+            mean + stderr,
+            color="tab:blue",
+            alpha=0.2,
+            linewidth=0,
+            label="± 1 s.e. of the batch mean",
+        )
+    window = _smoothing_window(len(train))
+    if window > 1:
+        ax.plot(
+            steps,
+            moving_average(mean, window),
+            color="tab:blue",
+            linewidth=2,
+            label=f"{window}-step moving average",
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("train reward")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _standard_error(row: dict[str, Any]) -> float:
+    """std / sqrt(n) of one step's rewards (the sample std, from the logged population one).
+    Answers to one prompt share its difficulty, so batch means scatter from step to step more
+    than this band alone suggests; the moving average is what shows the trend."""
+    n = row.get("episodes")
+    std = row.get("reward/std")
+    if n is None or std is None or n < 2:
+        return float("nan")
+    return float(std) * math.sqrt(n / (n - 1)) / math.sqrt(n)
+
+
+def _smoothing_window(n_steps: int) -> int:
+    """About a tenth of the run, odd (so the average is centred), at least 3 when it is short."""
+    if n_steps < 5:
+        return 1
+    return max(3, (n_steps // 10) | 1)
+
+
+def moving_average(values: Any, window: int) -> Any:
+    """Centred moving average; near the ends it averages the steps that exist."""
+    import numpy as np
+
+    kernel = np.ones(window)
+    sums = np.convolve(values, kernel, mode="same")
+    counts = np.convolve(np.ones(len(values)), kernel, mode="same")
+    return sums / counts
 
 
 def _start_wandb(project: str, log_dir: Path) -> Any:

@@ -55,7 +55,10 @@ async def start_run(
         client, config = await _start_from_checkpoint(service_client, config)
         return RunStart(client, config, 0, 0)
     client = await service_client.create_lora_training_client(
-        base_model=config.base_model, rank=config.lora_rank, seed=config.seed
+        base_model=config.base_model,
+        rank=config.lora_rank,
+        seed=config.seed,
+        user_metadata=config.lora_metadata(),
     )
     return RunStart(client, config, 0, 0)
 

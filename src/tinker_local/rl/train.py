@@ -10,7 +10,9 @@ One step:
    the critic, `critic.py`), the KL penalty and truncated importance weights, datums
    (`minibatch.py`), then `ppo_epochs` rounds of forward_backward + optim_step for the policy and
    the critic;
-5. log, checkpoint when due (`resume.py`, which also decides where a run starts).
+5. log (per task too, through the groups' logging tags: `step_metrics.py`; `tasks.png` from
+   `task_plots.py` for a task mixture; the per-token debug dump of `debug_dump.py` when
+   `debug_dump`), checkpoint when due (`resume.py`, which also decides where a run starts).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tinker_local.rl.checkpoints import CheckpointRecord
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.critic import Critic, open_value_client
 from tinker_local.rl.data import TrainSequence, output_logprobs, to_forward_datum
+from tinker_local.rl.debug_dump import StepDump
 from tinker_local.rl.group_source import GroupSource
 from tinker_local.rl.learning_rate import (
     adam_params,
@@ -47,7 +50,13 @@ from tinker_local.rl.minibatch import (
 )
 from tinker_local.rl.resume import is_finished, save_checkpoint, start_run
 from tinker_local.rl.rollouts import SamplingSettings, TrajectoryGroup, rollout_group
-from tinker_local.rl.step_metrics import eval_metrics, rollout_metrics, transcripts
+from tinker_local.rl.step_metrics import (
+    advantage_metrics,
+    eval_metrics,
+    rollout_metrics,
+    transcripts,
+)
+from tinker_local.rl.task_plots import plot_task_curves
 from tinker_local.rl.types import RLDataset
 
 logger = logging.getLogger(__name__)
@@ -112,6 +121,8 @@ class Trainer:
         self.greedy = SamplingSettings(config.eval_max_tokens or config.max_tokens, 0.0)
         self._base_sampler: Any = None
         self.last_eval: dict[str, float] = {}
+        self._step_seqs: list[TrainSequence] = []  # what this step trained on, all minibatches
+        self.dump = StepDump(config.log_dir, tokenizer) if config.debug_dump else None
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -138,6 +149,7 @@ class Trainer:
         finally:
             await source.close()
             self.log.plot()
+            plot_task_curves(cfg.log_dir)
             self.log.close()
         return TrainResult(
             steps_done=steps_done,
@@ -167,6 +179,9 @@ class Trainer:
         self.data_cursor = source.data_cursor(step)
         values.update(rollout_metrics(groups, step))
         values.update(train_values)
+        values.update(advantage_metrics(self._step_seqs))
+        if self.dump is not None:
+            self.dump.write(step)
         values["time/rollout_and_train"] = time.perf_counter() - rollout_started
         values["time/env"] = sum(g.env_seconds for g in groups)
         values.update(source.metrics())
@@ -222,6 +237,7 @@ class Trainer:
     ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """Consume one step's groups, training each minibatch as soon as it is complete."""
         per_minibatch = math.ceil(self.cfg.batch_size / self.cfg.num_minibatches)
+        self._step_seqs = []
         groups: list[TrajectoryGroup] = []
         pending: list[TrajectoryGroup] = []
         rows: list[dict[str, float]] = []
@@ -254,6 +270,7 @@ class Trainer:
         base = await self._reference_logprobs(seqs) if cfg.kl_penalty_coef > 0 else None
         learner = await self._learner_logprobs(seqs) if cfg.tis_cap is not None else None
         batch = assemble(seqs, cfg, base_logprobs=base, learner_logprobs=learner, metrics=metrics)
+        self._step_seqs += batch.seqs
         out = batch.metrics
         out["time/data"] = time.perf_counter() - started
 
@@ -274,7 +291,14 @@ class Trainer:
         if value_datums:
             assert self.critic is not None
             critic_epoch = self.critic.submit_epoch(value_datums)
-        out = epoch_metrics(epoch, cfg, batch, await fb, await optim)
+        fb_result = await fb
+        if epoch == 0 and self.dump is not None:
+            learner_now = [
+                output_logprobs(o, len(s.tokens))
+                for o, s in zip(fb_result.loss_fn_outputs, batch.seqs)
+            ]
+            self.dump.add(batch.seqs, learner_now, batch.behaviour_logprobs)
+        out = epoch_metrics(epoch, cfg, batch, fb_result, await optim)
         if critic_epoch is not None:
             out.update(await self.critic.finish_epoch(critic_epoch, epoch, batch.seqs))
         return out

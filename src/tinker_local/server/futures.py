@@ -3,12 +3,17 @@
 Every asynchronous call answers `{"request_id": ...}` at once; the work resolves a
 `concurrent.futures.Future[WireResult]` later (usually on the engine worker thread). A
 `WireResult` is already encoded for the wire, so `retrieve_future` only sends bytes.
+
+Long-polling: a poll of a pending future is held until the result arrives or `long_poll_s`
+passes, then answered "try again" (see `TRY_AGAIN_STATUS`). When the server stops, every held
+poll is answered at once (`release_polls`), so no request is left for uvicorn to cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import time
@@ -20,6 +25,7 @@ from typing import Any
 from tinker_local.server.access import current_owner
 from tinker_local.server.errors import error_category, error_message
 from tinker_local.server.store import INTERRUPTED_MESSAGE, Store
+from tinker_local.server.worker import WorkerStopped
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -32,6 +38,12 @@ KEEP_RETRIEVED_S = 60.0
 KEEP_FINISHED_S = 15 * 60
 # Hard cap on remembered futures; the oldest finished ones go first.
 MAX_FUTURES = 20_000
+# How a poll of a still-pending future is answered. The SDK (0.38, lib/api_future_impl.py)
+# re-polls at once after either a 200 `{"type": "try_again"}` or a 408 carrying the same body,
+# but logs a WARNING line ("Retrying request ... because of try_again") for every 200 one, and
+# nothing for a 408 (which it documents as "a try_again pretending to be an HTTP error"). A
+# long sample or a queue of work makes many polls expire, so 408 keeps the user's terminal quiet.
+TRY_AGAIN_STATUS = 408
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,7 @@ def json_result(payload: dict[str, Any]) -> WireResult:
 def failure_result(exc: BaseException) -> WireResult:
     category = error_category(exc)
     message = error_message(exc)
-    if category == "server":
+    if category == "server" and not isinstance(exc, WorkerStopped):  # stopping is not a fault
         logger.error("request failed with a server error", exc_info=exc)
     return json_result({"error": message, "category": category})
 
@@ -76,6 +88,10 @@ class FutureStore:
         self._store = store
         self._records: OrderedDict[str, FutureRecord] = OrderedDict()
         self._last_sweep = 0.0
+        # Set (from any thread) when the server stops: polls are answered at once from then on.
+        self._released = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._release: asyncio.Future[None] | None = None  # resolved on the loop by release_polls
 
     def create(self, kind: str) -> FutureRecord:
         loop = asyncio.get_running_loop()
@@ -156,15 +172,43 @@ class FutureStore:
                 del self._records[rid]
 
 
-async def wait_for_result(record: FutureRecord, timeout_s: float) -> WireResult | None:
-    """The result, or None if it is still pending after `timeout_s` (the caller says try_again).
+    async def wait(self, record: FutureRecord, timeout_s: float) -> WireResult | None:
+        """The result, or None if it is still pending after `timeout_s` or the server is stopping
+        (the caller says try again).
 
-    `asyncio.wait` never cancels what it waits on, so a client that hangs up mid-poll cannot
-    cancel the work.
-    """
-    if not record.waiter.done():
-        await asyncio.wait([record.waiter], timeout=timeout_s)
-    if not record.waiter.done():
-        return None
-    record.retrieved_at = time.monotonic()
-    return record.waiter.result()
+        A stopping server hands out no results: the work it fails on its way down ("the server is
+        shutting down") would reach the client as a final error, which the SDK logs. Results are
+        kept in the store (when there is one) for a restarted server to answer.
+
+        `asyncio.wait` never cancels what it waits on, so a client that hangs up mid-poll cannot
+        cancel the work.
+        """
+        if not record.waiter.done() and not self._released:
+            release = self._release_future()
+            await asyncio.wait(
+                [record.waiter, release], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        if self._released or not record.waiter.done():
+            return None
+        record.retrieved_at = time.monotonic()
+        return record.waiter.result()
+
+    def release_polls(self) -> None:
+        """Answer every held poll now and hold no more. Safe from any thread."""
+        self._released = True
+        loop, release = self._loop, self._release
+        if loop is None or release is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has already closed: nothing is held
+            loop.call_soon_threadsafe(_resolve, release)
+
+    def _release_future(self) -> asyncio.Future[None]:
+        if self._release is None:
+            self._loop = asyncio.get_running_loop()
+            self._release = self._loop.create_future()
+        return self._release
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 
@@ -42,6 +43,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _QuietServer(uvicorn.Server):
+    """uvicorn, answering held long-polls as soon as it starts shutting down (also on Ctrl-C):
+    otherwise it waits for them, then cancels them with an error and a traceback."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 class LocalServer:
     """A tinker-local server: engine worker + uvicorn, with start/stop."""
 
@@ -63,7 +77,7 @@ class LocalServer:
             lifespan="on",
             timeout_graceful_shutdown=2,
         )
-        self._server = uvicorn.Server(config)
+        self._server = _QuietServer(config, on_shutdown=self.service.futures.release_polls)
         self._thread: threading.Thread | None = None
 
     @property
@@ -101,8 +115,12 @@ class LocalServer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop quietly: held long-polls are answered and queued engine work is failed before
+        uvicorn drains its connections, so no request is left for it to cancel (which it
+        reports with an error and a traceback, after whatever the user's script printed)."""
+        self.service.futures.release_polls()
         self._server.should_exit = True
+        self.service.stop()
         if self._thread is not None and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
-        self.service.stop()
         self._sock.close()

@@ -9,13 +9,16 @@ becomes one `contract.ForwardBackwardCall`; calls of different models may run in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from tinker_local.config import LORA_ALPHA_METADATA_KEY, LORA_DROPOUT_METADATA_KEY
 from tinker_local.engine.contract import Engine, ForwardBackwardCall, LoraSpec, ModelInfo
 from tinker_local.server import datum_checks, limits, wire
 from tinker_local.server.errors import ApiError, UserError
@@ -33,6 +36,10 @@ from tinker_local.server.worker import Batchable, Job
 
 # The create_model user_metadata key that asks for a value model (see engine/value_head.py).
 VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
+# user_metadata keys that set the LoRA scale (alpha; the update is scaled by alpha / rank) and
+# the dropout on the LoRA input while training (config.LORA_*_METADATA_KEY). Values are numbers
+# or their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
+# such settings.
 
 # get_info waits this long for a model still being created before telling the SDK to retry.
 GET_INFO_WAIT_S = 50.0
@@ -57,6 +64,40 @@ def _lora_spec(lora: types.LoraConfig | None) -> LoraSpec:
         train_attn=lora.train_attn,
         train_unembed=lora.train_unembed,
     )
+
+
+def _metadata_number(metadata: Mapping[str, Any], key: str) -> float | None:
+    if key not in metadata:
+        return None
+    value = metadata[key]
+    try:
+        number = float("nan" if isinstance(value, bool) else value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or math.isnan(number):
+        raise ApiError(400, f"user_metadata[{key!r}] must be a number, got {value!r}")
+    if not math.isfinite(number):
+        raise ApiError(400, f"user_metadata[{key!r}] must be finite, got {value!r}")
+    return number
+
+
+def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSpec:
+    """`spec` with the alpha and dropout that `metadata` asks for (tinker-local extension);
+    a bad value is a 400 that names its key."""
+    metadata = metadata or {}
+    alpha = _metadata_number(metadata, LORA_ALPHA_METADATA_KEY)
+    dropout = _metadata_number(metadata, LORA_DROPOUT_METADATA_KEY)
+    if alpha is not None and alpha <= 0:
+        raise ApiError(400, f"user_metadata[{LORA_ALPHA_METADATA_KEY!r}] must be > 0, got {alpha}")
+    if dropout is not None and not 0.0 <= dropout < 1.0:
+        raise ApiError(
+            400, f"user_metadata[{LORA_DROPOUT_METADATA_KEY!r}] must be in [0, 1), got {dropout}"
+        )
+    if alpha is not None:
+        spec = dataclasses.replace(spec, alpha=alpha)
+    if dropout is not None:
+        spec = dataclasses.replace(spec, dropout=dropout)
+    return spec
 
 
 def check_optimizer(optimizer_config: types.OptimizerConfig | None) -> None:
@@ -146,7 +187,7 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
     check_optimizer(req.optimizer_config)
     if not req.base_model:
         raise ApiError(400, "create_model needs a base_model")
-    lora = _lora_spec(req.lora_config)
+    lora = lora_extension(_lora_spec(req.lora_config), req.user_metadata)
     model, new = register_model(
         svc, req.session_id, req.model_seq_id, req.base_model, "create_model", req.user_metadata
     )

@@ -1,7 +1,9 @@
 """SFT configuration and its defaults.
 
 Defaults, and why:
-- LoRA rank 32, the SDK's default.
+- LoRA rank 32, the SDK's default. `lora_alpha=None` keeps the server's scale (32 for every rank);
+  `lora_alpha` and `lora_dropout` go to tinker-local as `user_metadata` (an extension the hosted
+  service does not have), exactly as in `RLConfig`.
 - learning_rate 2e-4: LoRA wants roughly ten times the learning rate of full fine-tuning; 1e-4 to
   5e-4 is the usual range for small models. Linear warm-up over the first 3 % of steps, then
   cosine decay to 10 % of the peak (`min_lr_ratio`).
@@ -13,16 +15,24 @@ Defaults, and why:
   assistant token of the whole batch, however it is split.
 - 90/10 train/validation split with seed 0; validation every 50 steps and after each epoch;
   a resumable checkpoint every 50 steps and after each epoch; 1 epoch.
+- `keep_best=True`: the checkpoint with the lowest validation loss is saved (with sampler
+  weights) whenever a validation improves on it; the pipeline starts RL from it. False saves
+  only the resumable and final checkpoints.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tinker_local.config import DEFAULT_BASE_MODEL
+from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -35,6 +45,8 @@ class SFTConfig:
     split: str = "train"  # split name to read from HF-cache datasets
     seed: int = 0
     lora_rank: int = 32
+    lora_alpha: float | None = None  # None: the server's default (32); tinker-local extension
+    lora_dropout: float = 0.0  # tinker-local extension
     epochs: int = 1
     batch_size: int = 32  # sequences per optimizer step
     micro_batch_size: int = 8  # sequences per forward_backward call
@@ -50,6 +62,7 @@ class SFTConfig:
     grad_clip_norm: float = 1.0
     eval_every: int = 50  # steps; 0 = only at the end of each epoch
     save_every: int = 50  # steps; 0 = only at the end of each epoch
+    keep_best: bool = True  # save the checkpoint with the lowest validation loss
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -59,6 +72,10 @@ class SFTConfig:
             "batch_size": self.batch_size >= 1,
             "micro_batch_size": 1 <= self.micro_batch_size,
             "lora_rank": self.lora_rank >= 1,
+            "lora_alpha": self.lora_alpha is None
+            or (_is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf),
+            "lora_dropout": _is_number(self.lora_dropout) and 0 <= self.lora_dropout < 1,
+            "warmup_ratio": _is_number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1,
             "max_length": self.max_length >= 2,
             "learning_rate": self.learning_rate > 0,
             "eval_every": self.eval_every >= 0,
@@ -75,6 +92,10 @@ class SFTConfig:
                 f"SFTConfig.val_fraction must be in (0, 1) without val_data, "
                 f"got {self.val_fraction}"
             )
+
+    def lora_metadata(self) -> dict[str, str] | None:
+        """The create_model `user_metadata` for `lora_alpha` / `lora_dropout` (None: neither)."""
+        return lora_metadata(self.lora_alpha, self.lora_dropout)
 
     @property
     def accumulation_steps(self) -> int:
@@ -93,7 +114,7 @@ class SFTConfig:
 
 
 # Fields that may differ when resuming (they change neither the data order nor the updates).
-RESUMABLE_CHANGES = {"log_dir", "eval_every", "save_every"}
+RESUMABLE_CHANGES = {"log_dir", "eval_every", "save_every", "keep_best"}
 
 
 def check_resumable(saved: dict[str, Any], current: SFTConfig) -> None:

@@ -98,7 +98,10 @@ class SFTRun:
             self.log.log({"step": self.state.step, "event": "resume", "dropped_records": dropped})
         else:
             self.client = self.service.create_lora_training_client(
-                base_model=cfg.base_model, rank=cfg.lora_rank, seed=cfg.seed
+                base_model=cfg.base_model,
+                rank=cfg.lora_rank,
+                seed=cfg.seed,
+                user_metadata=cfg.lora_metadata(),
             ).result()
             self.log.truncate_metrics(-1)  # a fresh run: no record of an earlier attempt survives
             self.state = RunState()
@@ -183,7 +186,8 @@ class SFTRun:
         record = {"step": step, "event": "validation", "val_loss": loss}
         record["val_perplexity"] = math.exp(min(loss, 700.0))
         best = self.state.best
-        if best is None or loss < (best.val_loss if best.val_loss is not None else math.inf):
+        improved = best is None or loss < (best.val_loss if best.val_loss is not None else math.inf)
+        if self.config.keep_best and improved:
             self.state.best = self._checkpoint(f"best-step-{step:06d}", step, loss, sampler=True)
             record["new_best"] = True
         self.log.log(record)

@@ -17,7 +17,7 @@ a task with graded rewards or a model judge (with a rule judge on a 0/1 task eve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tinker
@@ -153,5 +153,38 @@ def sampler_completion(
             prompt=prompt, num_samples=1, sampling_params=params
         )
         return decode_action(tokenizer, list(response.sequences[0].tokens))
+
+    return complete
+
+
+def served_model_completion(
+    model: str,
+    connect: Callable[[], Any],
+    *,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+):
+    """An async `complete(messages) -> text` over a model the server serves (a base model name
+    or a `tinker://` sampler path), for `ModelJudge`. The sampling client opens on the first
+    call, through `connect()` (a `tinker.ServiceClient`), so a dataset holding the judge can be
+    built before the server exists."""
+    opened: list[Any] = []
+    lock = asyncio.Lock()
+
+    async def complete(messages: list[Message]) -> str:
+        async with lock:
+            if not opened:
+                service = connect()
+                if model.startswith("tinker://"):
+                    client = await service.create_sampling_client(model_path=model)
+                else:
+                    client = await service.create_sampling_client(base_model=model)
+                tokenizer = await asyncio.to_thread(client.get_tokenizer)
+                opened.append(
+                    sampler_completion(
+                        client, tokenizer, max_tokens=max_tokens, temperature=temperature
+                    )
+                )
+        return await opened[0](messages)
 
     return complete

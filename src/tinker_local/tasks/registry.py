@@ -113,8 +113,9 @@ def make_dataset(
     (default 1000 train / 100 test) with `group_size` attempts each (1 for test).
 
     `name="debate"` wraps the single-turn task `task=` (options `rounds`, `reward`: "debate",
-    "task" or "rejection-grpo"; the other options go to the task): debate groups of
-    `group_size` (even), 2 for the test split (scored with "task" under "rejection-grpo")."""
+    "task" or "rejection-grpo", `judge`: "rule" or a judge such as `debate.ModelJudge`; the
+    other options go to the task): debate groups of `group_size` (even), 2 for the test split
+    (scored with "task" under "rejection-grpo")."""
     if name == "debate":
         return _debate_dataset(
             tokenizer,
@@ -166,9 +167,18 @@ def _debate_dataset(
     task: str | None = None,
     rounds: int = 2,
     reward: str = "debate",
+    judge: Any = "rule",
     **options: Any,
 ) -> Any:
     from tinker_local.tasks.debate_env import DebateDataset
+
+    if isinstance(judge, str):
+        if judge != "rule":
+            raise ValueError(
+                f"debate judge={judge!r}: here a judge is 'rule' or a judge object (e.g. "
+                "debate.ModelJudge); `tinker-local rl` and `collect` turn a model name into one"
+            )
+        judge = None
 
     if task is None or task not in TASKS or task_kind(task) != "problems":
         raise ValueError(
@@ -186,6 +196,7 @@ def _debate_dataset(
         rounds=rounds,
         # Evaluation measures every debater's task score: exclusion is a training device.
         reward="task" if split == "test" and reward == "rejection-grpo" else reward,
+        judge=judge,
         tags=[f"debate-{task}"],
         max_context_tokens=max_context_tokens,
     )

