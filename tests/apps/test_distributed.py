@@ -255,12 +255,16 @@ def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> N
 def test_run_starts_a_group_for_an_unmodified_script(tmp_path) -> None:
     from test_serve_command import TINY_SCRIPT
 
+    # As a script written for hosted Tinker may: the tokenizer by name first, from an empty HF
+    # cache, offline (rank 0 publishes it before the server answers, as one process does).
     script = tmp_path / "tiny_script.py"
-    script.write_text(TINY_SCRIPT)
+    script.write_text(f"import transformers\ntransformers.AutoTokenizer.from_pretrained({TINY!r})\n"
+                      f"print('TOKENIZER-OK', flush=True)\n{TINY_SCRIPT}")
     done = subprocess.run(
         [*CLI, "run", "--nproc-per-node", "2", "--", sys.executable, str(script)],
         check=False, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")},
     )
+    assert "TOKENIZER-OK" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "SCRIPT-OK" in done.stdout, done.stdout + done.stderr[-3000:]
     assert done.returncode == 3  # the child's exit code

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tinker_local import config
-from tinker_local.engine import vllm_sampler
+from tinker_local.engine import models, vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.distributed.engine import DistributedEngine, follow
 from tinker_local.engine.distributed.executor import RankExecutor
@@ -70,9 +70,12 @@ def leader_engine_factory(group: Group, *, dtype: str | None, sampler: str | Non
                           built: list[DistributedEngine] | None = None, **engine_options: Any
                           ) -> EngineFactory:
     """Rank 0: builds the `DistributedEngine` (on the server's worker thread). `built`, when
-    given, receives it (the caller closes it at exit)."""
+    given, receives it (the caller closes it at exit). Like a single process's engine, it first
+    publishes every listed model's tokenizer, so scripts can load it by name offline before
+    they ask the server anything (engine/factory.py)."""
 
     def build() -> DistributedEngine:
+        models.publish_tokenizers()
         engine, resolve = local_engine(group, dtype=dtype, sampler=sampler, **engine_options)
         distributed = DistributedEngine(engine, group, executor_for(group, engine, resolve),
                                         resolve)
