@@ -125,6 +125,30 @@ def _steps(service: tinker.ServiceClient) -> dict[str, Any]:
             "tokens": tokens, "weights": _adapter_weights(path)}
 
 
+def _value_model(url: str) -> list[list[np.ndarray]]:
+    """A value model (LoRA + value head, tinker-local extension): the values after each of
+    two `value_mse` steps, so the head's gradients must be summed over the ranks too."""
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        critic = service.create_lora_training_client(
+            base_model=TINY, rank=4, seed=5, user_metadata={"tinker_local.value_head": "mlp"}
+        ).result()
+        data = []
+        for text in TEXTS:
+            ids = critic.get_tokenizer().encode(text)
+            data.append(types.Datum(
+                model_input=types.ModelInput.from_ints(ids),
+                loss_fn_inputs={"target_tokens": ids[1:] + ids[:1],
+                                "returns": np.linspace(-1, 1, len(ids), dtype=np.float32)},
+            ))
+        values = []
+        for _ in range(2):
+            critic.forward_backward(data, "value_mse").result()
+            critic.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            out = critic.forward(data, "value_mse").result()
+            values.append([o["values"].to_numpy() for o in out.loss_fn_outputs])
+        return values
+
+
 def _adapter_weights(path: str) -> dict[str, Any]:
     model_id, rest = path.removeprefix("tinker://").split("/", 1)
     return load_file(str(config.checkpoints_dir() / model_id / rest / "adapter_model.safetensors"))
@@ -180,6 +204,9 @@ def test_two_ranks_data_parallel_match_one_process(tmp_path, one_process, refere
         for a, b in zip(_forward_from(url, reference["path"]), reference["after"], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
         _two_clients_stay_apart(url)
+        for got_step, want_step in zip(_value_model(url), _value_model(one_process), strict=True):
+            for a, b in zip(got_step, want_step, strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def _two_clients_stay_apart(url: str) -> None:
