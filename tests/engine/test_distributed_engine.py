@@ -20,7 +20,12 @@ from tinker_local.engine.distributed.executor import EVERY_RANK, disagreement
 from tinker_local.engine.distributed.factory import leader_engine_factory
 from tinker_local.engine.distributed.group import Group, GroupSettings
 from tinker_local.engine.distributed.sampling import DistributedSampling
-from tinker_local.engine.distributed.shares import Outcome, merge_outputs, split_by_tokens
+from tinker_local.engine.distributed.shares import (
+    Outcome,
+    merge_outputs,
+    share_of,
+    split_by_tokens,
+)
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.errors import EngineError
 from tinker_local.engine.sampling_service import sample_all
@@ -37,6 +42,27 @@ def _datum(tokens: list[int]) -> types.Datum:
 
 
 # ---- shares -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CallWithBehavior:
+    """A forward_backward call that carries something per datum (main's contract has
+    `ForwardBackwardCall.behavior`, one sampler record per datum)."""
+
+    model_id: str
+    data: list[str]
+    behavior: tuple[str, ...] | None = None
+
+
+def test_a_share_cuts_every_per_datum_field_alike() -> None:
+    call = _CallWithBehavior("m", ["d0", "d1", "d2", "d3"], ("b0", "b1", "b2", "b3"))
+    share = share_of(call, range(1, 3))
+    assert share.data == ["d1", "d2"] and share.behavior == ("b1", "b2")
+    assert share_of(_CallWithBehavior("m", ["d0", "d1"]), range(1, 2)).behavior is None
+    data: Any = ["d0", "d1", "d2"]
+    plain = ForwardBackwardCall("m", data, "cross_entropy", forward_only=True)
+    assert share_of(plain, range(2)) == ForwardBackwardCall("m", data[:2], "cross_entropy",
+                                                            forward_only=True)
 
 
 def test_split_by_tokens_is_contiguous_and_balanced() -> None:

@@ -29,7 +29,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from tinker_local.engine.distributed.shares import (
     Outcome,
     datum_tokens,
     merge_outputs,
+    share_of,
     split_by_tokens,
 )
 
@@ -160,7 +161,7 @@ class RankExecutor:
         for index, call in enumerate(calls):
             run = split_by_tokens([datum_tokens(d) for d in call.data], self.group.world_size)[rank]
             if len(run):
-                mine.append((index, replace(call, data=list(call.data[run.start:run.stop]))))
+                mine.append((index, share_of(call, run)))
         saved = self._gradients([call for _, call in mine if not call.forward_only])
         local: dict[int, Outcome] = {}
         if mine and many:

@@ -15,7 +15,7 @@ exception object may not pickle, and its type means nothing on rank 0).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tinker import types
@@ -46,6 +46,17 @@ def split_by_tokens(lengths: Sequence[int], parts: int) -> list[range]:
         bounds.append(index)
     bounds.append(len(lengths))
     return [range(bounds[r], bounds[r + 1]) for r in range(parts)]
+
+
+def share_of(call: Any, run: range) -> Any:
+    """A `ForwardBackwardCall` with only the datums in `run`, and whatever it carries one per
+    datum cut alike: the sampler's `behavior` records, where the contract has them (main's
+    `stable_reinforce`; read with getattr so this also runs on a contract without them)."""
+    changes: dict[str, Any] = {"data": list(call.data[run.start:run.stop])}
+    behavior = getattr(call, "behavior", None)
+    if behavior is not None:
+        changes["behavior"] = tuple(behavior[run.start:run.stop])
+    return replace(call, **changes)
 
 
 def merge_outputs(pieces: Sequence[types.ForwardBackwardOutput]) -> types.ForwardBackwardOutput:
