@@ -126,7 +126,48 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     _limit_args(parser)
     _engine_args(parser)
+    _group_args(parser)
+    parser.add_argument("--run-url-file", default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _group_args(parser: argparse.ArgumentParser, launcher: bool = True) -> None:
+    """Options of a server whose engine runs on several ranks (docs/scaling.md)."""
+    group = parser.add_argument_group("several devices or machines (docs/scaling.md)")
+    if launcher:
+        group.add_argument(
+            "--nproc-per-node", type=int, default=None, metavar="N",
+            help="run the engine on N ranks of this machine (one per GPU, or CPU processes) "
+            "through torch's elastic launcher; rank 0 serves HTTP",
+        )
+        group.add_argument("--nnodes", type=int, default=1, metavar="M",
+                           help="machines in the group (run the same command on each)")
+        group.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                           help="rendezvous address for --nnodes > 1")
+        group.add_argument("--rdzv-id", default=None, help="rendezvous id for --nnodes > 1")
+        group.add_argument(
+            "--max-restarts", type=int, default=0,
+            help="restart the whole group this often after a rank fails (it resumes from the "
+            "store); default 0: the server stays up, unhealthy, until restarted",
+        )
+    group.add_argument(
+        "--shard-base", action="store_true",
+        help="shard the frozen base weights over the ranks with FSDP2 (models larger than one "
+        "device; every rank then runs every datum)",
+    )
+    group.add_argument(
+        "--collective-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="longest wait of one rank for another inside an engine step (default 600)",
+    )
+    group.add_argument(
+        "--rank-timeout", type=float, default=15.0, metavar="SECONDS",
+        help="a rank silent this long is declared dead or hung (default 15)",
+    )
+
+
+def distributed(args: argparse.Namespace) -> bool:
+    """Whether `serve` arguments ask for an engine on several ranks."""
+    return (args.nproc_per_node or 1) > 1 or args.nnodes > 1
 
 
 def serve_settings(args: argparse.Namespace, keys: list[str]) -> Any:
@@ -140,7 +181,26 @@ def serve_main(argv: list[str]) -> int:
     parser = serve_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
+    if distributed(args):
+        from tinker_local.apps.launch import launch_serve
+
+        if args.nproc_per_node is None or args.nproc_per_node < 1 or args.nnodes < 1:
+            parser.error("--nproc-per-node and --nnodes must be positive")
+        try:
+            return launch_serve(args, argv)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.shard_base:
+        parser.error("--shard-base splits the base over ranks: add --nproc-per-node N (N >= 2)")
     from tinker_local.engine.factory import engine_factory
+
+    return serve_with(parser, args, engine_factory(device=args.device, dtype=args.dtype))
+
+
+def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               make_engine: Any) -> int:
+    """Serve with the engine `make_engine` builds (a single process's, or rank 0's of a
+    group); returns the exit code."""
     from tinker_local.server.access import read_keys_file
     from tinker_local.server.runner import LocalServer
 
@@ -154,7 +214,11 @@ def serve_main(argv: list[str]) -> int:
         settings = serve_settings(args, keys)
     except ValueError as exc:
         parser.error(str(exc))
-    home_lock = _lock_home()
+    if args.run_url_file is not None:  # serving `tinker-local run`: no store, as in `run`
+        from tinker_local.server.service import ServerSettings
+
+        settings = ServerSettings()
+    home_lock = _lock_home() if args.run_url_file is None else True
     if home_lock is None:
         print(
             f"tinker-local serve: another tinker-local server is serving {config.home()} "
@@ -163,9 +227,7 @@ def serve_main(argv: list[str]) -> int:
         )
         return 1
     try:
-        server = LocalServer(
-            engine_factory(device=args.device, dtype=args.dtype), settings, args.host, args.port
-        )
+        server = LocalServer(make_engine, settings, args.host, args.port)
     except OSError as exc:
         print(
             f"tinker-local serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
@@ -195,6 +257,10 @@ def serve_main(argv: list[str]) -> int:
         "or in Python: tinker.ServiceClient(base_url=..., api_key=...). Ctrl-C stops.",
         flush=True,
     )
+    if args.run_url_file is not None:  # written whole, then renamed: `run` polls for it
+        url_file = Path(args.run_url_file)
+        url_file.with_suffix(".tmp").write_text(server.base_url)
+        url_file.with_suffix(".tmp").replace(url_file)
     try:
         server.run_forever()
     except KeyboardInterrupt:
@@ -215,11 +281,16 @@ def child_environment(base_url: str, env: dict[str, str] | None = None) -> dict[
 def run_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tinker-local run",
-        usage="tinker-local run [--device D] [--dtype T] -- COMMAND [ARGS...]",
+        usage="tinker-local run [--device D] [--dtype T] [--nproc-per-node N [--shard-base]] "
+        "-- COMMAND [ARGS...]",
         description="Run an unmodified hosted-Tinker script against a local server started for "
         "it (sets TINKER_BASE_URL, TINKER_API_KEY, NO_PROXY, TINKER_TELEMETRY=0 for the child).",
     )
     _engine_args(parser)
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="run the engine on N ranks (see `tinker-local serve --help`)")
+    parser.add_argument("--shard-base", action="store_true",
+                        help="shard the base weights over the ranks (FSDP2)")
     if "--" in argv:
         split = argv.index("--")
         ours, command = argv[:split], argv[split + 1 :]
@@ -228,20 +299,21 @@ def run_main(argv: list[str]) -> int:
     args = parser.parse_args(ours)
     if not command:
         parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
+    if args.nproc_per_node < 1:
+        parser.error("--nproc-per-node must be positive")
+    if args.shard_base and args.nproc_per_node < 2:
+        parser.error("--shard-base splits the base over ranks: add --nproc-per-node N (N >= 2)")
     _setup_logging(args.log_level)
-    from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
-
     try:
-        server = LocalServer(engine_factory(device=args.device, dtype=args.dtype)).start()
+        base_url, stop = (_start_group(args) if args.nproc_per_node > 1 else _start_local(args))
     except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device
         print(f"tinker-local run: cannot start the server: {exc}", file=sys.stderr)
         return 1
-    logger.info("tinker-local server for the child at %s", server.base_url)
+    logger.info("tinker-local server for the child at %s", base_url)
     try:
-        child = subprocess.Popen(command, env=child_environment(server.base_url))
+        child = subprocess.Popen(command, env=child_environment(base_url))
     except OSError as exc:
-        server.stop()
+        stop()
         print(f"tinker-local run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         return 127
     interrupts = 0
@@ -257,6 +329,52 @@ def run_main(argv: list[str]) -> int:
                 if interrupts > 1:
                     child.terminate()
     finally:
-        server.stop()
+        stop()
     # Like a shell: a child killed by signal N exits 128 + N.
     return code if code >= 0 else 128 - code
+
+
+def _start_local(args: argparse.Namespace) -> tuple[str, Any]:
+    from tinker_local.engine.factory import engine_factory
+    from tinker_local.server.runner import LocalServer
+
+    server = LocalServer(engine_factory(device=args.device, dtype=args.dtype)).start()
+    return server.base_url, server.stop
+
+
+def _start_group(args: argparse.Namespace, wait_s: float = 600.0) -> tuple[str, Any]:
+    """`tinker-local serve --nproc-per-node N` in a child process, for `run`: its rank 0 writes
+    the URL it serves at into a file once it answers."""
+    import signal
+    import tempfile
+    import time
+
+    url_file = Path(tempfile.mkdtemp(prefix="tinker-local-run-")) / "url"
+    command = [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0",
+               "--nproc-per-node", str(args.nproc_per_node), "--run-url-file", str(url_file),
+               "--log-level", args.log_level]
+    for flag, value in (("--device", args.device), ("--dtype", args.dtype)):
+        if value is not None:
+            command += [flag, value]
+    if args.shard_base:
+        command.append("--shard-base")
+    group = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+
+    def stop() -> None:
+        if group.poll() is None:
+            group.send_signal(signal.SIGINT)
+            try:
+                group.wait(60)
+            except subprocess.TimeoutExpired:
+                group.kill()
+                group.wait()
+
+    deadline = time.monotonic() + wait_s
+    while not url_file.is_file():
+        if group.poll() is not None:
+            raise RuntimeError(f"the engine group exited with code {group.returncode}")
+        if time.monotonic() > deadline:
+            stop()
+            raise RuntimeError(f"the engine group did not start within {wait_s:.0f} s")
+        time.sleep(0.2)
+    return url_file.read_text().strip(), stop

@@ -42,7 +42,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tinker import types
 
@@ -58,6 +58,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineFactory",
+    "FaultReporting",
     "ForwardBackwardCall",
     "LoraSpec",
     "LossInputs",
@@ -429,6 +430,17 @@ class Engine(Protocol):
     def unload_sampler(self, sampler_id: str) -> None:
         """Its requests still in flight fail ("user" errors) or finish on the weights they
         started with."""
+        ...
+
+
+@runtime_checkable
+class FaultReporting(Protocol):
+    """An engine that can stop serving as a whole while the server runs (a distributed engine
+    that lost a rank). Optional: the server asks `isinstance(engine, FaultReporting)`."""
+
+    def watch_faults(self, report: Callable[[str], None]) -> None:
+        """Call `report(message)` once, from any thread, when the engine can no longer serve;
+        at once if it already cannot. Calls made afterwards raise `EngineError` ("server")."""
         ...
 
 

@@ -226,6 +226,11 @@ class Engine:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
         return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
 
+    def check_call(self, call: ForwardBackwardCall) -> None:
+        """Validate `call` completely without running it: the `EngineError` `forward_backward`
+        would raise, if any (a distributed engine checks a whole call before splitting it)."""
+        self._training_call(call)
+
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
         base, training = self._training_call(call)
         return self._run_calls(base, [training], call.forward_only)[0]

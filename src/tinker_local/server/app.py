@@ -161,7 +161,11 @@ def create_app(svc: Service) -> FastAPI:
         return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
     @app.get("/api/v1/healthz")
-    async def healthz() -> dict[str, Any]:
+    async def healthz() -> Any:
+        # Unhealthy (503, for load balancers and supervisors) once the engine stopped serving:
+        # a distributed engine that lost a rank. The SDK never calls it.
+        if svc.worker.fault is not None:
+            return JSONResponse({"status": "unhealthy", "reason": svc.worker.fault}, 503)
         return {"status": "ok"}
 
     @app.get("/api/v1/get_server_capabilities")

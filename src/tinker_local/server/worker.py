@@ -21,6 +21,11 @@ when the engine batches models (`engine.batch_models`): a job of a model is neve
 an earlier job of the same model, and no job is moved past a job that names no model (those may
 touch any model). `Batchable.run_together` then runs them in one engine call and answers each
 job with its own result or error.
+
+An engine that can stop serving as a whole (`contract.FaultReporting`: a distributed engine
+that lost a rank) reports it through `fail`, possibly while this thread is stuck in a call:
+the jobs running, queued and sampling fail at once with its message (a "server" error, never
+a 5xx), later jobs fail as they arrive, and `fault` says why (for healthz).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from typing import Any, Generic, TypeVar
 
 from tinker_local.engine.contract import (
     Engine,
+    EngineError,
     EngineFactory,
+    FaultReporting,
     LossInputs,
     SampleOutcome,
     SamplingBackend,
@@ -105,6 +112,8 @@ class EngineWorker:
         self._queue: deque[_Queued[Any] | _SampleJob[Any]] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self.fault: str | None = None  # why the engine stopped serving (see `fail`)
+        self._running: list[_Queued[Any]] = []  # the jobs on the engine right now
         self._ready = concurrent.futures.Future[None]()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         # Known once the engine is built (immutable afterwards).
@@ -143,6 +152,19 @@ class EngineWorker:
         self._enqueue(job)
         return job.future
 
+    def fail(self, message: str) -> None:
+        """The engine can no longer serve: fail every job (running, queued, sampling) with
+        `message`, and every job submitted later. Any thread may call it."""
+        with self._cond:
+            if self.fault is not None:
+                return
+            self.fault = message
+            left = [*self._running, *self._queue, *self._sampling_jobs]
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in left:
+            _fail(job, EngineError(message, "server"))
+
     def queued(self) -> int:
         with self._cond:
             return len(self._queue)
@@ -167,6 +189,9 @@ class EngineWorker:
             if self._stopping:
                 _fail(job, WorkerStopped("the server is shutting down"))
                 return
+            if self.fault is not None:
+                _fail(job, EngineError(self.fault, "server"))
+                return
             self._queue.append(job)
             self._cond.notify()
 
@@ -180,6 +205,8 @@ class EngineWorker:
             self._ready.set_exception(exc)
             return
         self._engine, self._sampling = engine, sampling
+        if isinstance(engine, FaultReporting):
+            engine.watch_faults(self.fail)
         self._ready.set_result(None)
         while True:
             with self._cond:
@@ -193,6 +220,7 @@ class EngineWorker:
                     first = self._queue.popleft()
                     assert isinstance(first, _Queued)
                     jobs = [first, *self._pop_companions(first)]
+                self._running = jobs
             try:
                 self._admit(samples)
                 if jobs:
@@ -201,6 +229,9 @@ class EngineWorker:
                     self._sample_slice(sampling)
             except Exception:  # never let the one engine thread die
                 logger.exception("engine worker loop failed")
+            finally:
+                with self._cond:
+                    self._running = []
 
     # -- sampling -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ forward. Set `use_bare_decode = False` on a runner to force the HF path (tests c
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,14 @@ def _is_peft(model: torch.nn.Module) -> bool:
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return isinstance(model, PeftModel)
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -60,7 +69,10 @@ class ModelRunner:
         # Entering eval_mode walks every module (~1.6 ms for SmolLM2): the sampling loop enters
         # it once and each step's nested entry is free.
         self._in_eval_mode = False
-        self.decoder = LlamaDecoder.build(model, self.is_peft)  # None: HF path only
+        # Weights sharded over ranks (FSDP2, `--shard-base`) exist whole only inside each module's
+        # own forward: no bare decode on the weights, no packed copies of them.
+        self.sharded = _is_sharded(model)
+        self.decoder = None if self.sharded else LlamaDecoder.build(model, self.is_peft)
         self.use_bare_decode = True
         self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
 
@@ -88,7 +100,8 @@ class ModelRunner:
         if was_training:
             self.model.eval()
         try:
-            with torch.inference_mode(), packed_linears(self.model):
+            packing = contextlib.nullcontext() if self.sharded else packed_linears(self.model)
+            with torch.inference_mode(), packing:
                 if not self.is_peft:
                     yield
                     return
