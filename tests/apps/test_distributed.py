@@ -149,6 +149,48 @@ def _value_model(url: str) -> list[list[np.ndarray]]:
         return values
 
 
+def _sampled_and_dimuon(url: str) -> dict[str, Any]:
+    """The cookbook's default RL loss (`stable_reinforce` on records of seeded samples, with
+    provenance) and the Dimuon optimizer: a call's per-datum records must be split with its
+    datums, and Dimuon must step on the summed gradients."""
+    prompt = [5, 17, 42, 99, 7, 3]
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        trainer = service.create_lora_training_client(
+            base_model=TINY, rank=4, seed=2, optimizer=types.DimuonOptimizerConfig()
+        ).result()
+        sampler = trainer.save_weights_and_get_sampling_client(record_stability_info=True)
+        params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=4, stop=[])
+        sequences = sampler.result().sample(
+            types.ModelInput.from_ints(prompt), 4, params
+        ).result().sequences
+        data = []
+        for sequence, advantage in zip(sequences, [1.0, -0.5, 0.25, 0.75], strict=True):
+            sampled, sid = list(sequence.tokens), sequence.sequence_id
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints(prompt + sampled[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": prompt[1:] + sampled,
+                    "logprobs": [0.0] * (len(prompt) - 1 + len(sampled)),
+                    "advantages": [0.0] * (len(prompt) - 1) + [advantage] * len(sampled),
+                },
+            )
+            data.append(datum.with_provenance(
+                model_input=[types.PromptProvenanceSpan(sequence_id=sid, length=len(prompt)),
+                             types.SampledProvenanceSpan(sequence_id=sid, length=len(sampled) - 1)],
+                loss_fn_inputs=[
+                    types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=len(prompt) - 1),
+                    types.SampledProvenanceSpan(sequence_id=sid, length=len(sampled)),
+                ],
+            ))
+        losses = []
+        for _ in range(2):
+            out = trainer.forward_backward(data, "stable_reinforce").result()
+            losses.append(out.metrics["loss:sum"])
+            trainer.optim_step(types.DimuonParams(learning_rate=2e-3)).result()
+        after = _logprobs(trainer.forward(data, "stable_reinforce").result())
+        return {"tokens": [list(s.tokens) for s in sequences], "losses": losses, "after": after}
+
+
 def _adapter_weights(path: str) -> dict[str, Any]:
     model_id, rest = path.removeprefix("tinker://").split("/", 1)
     return load_file(str(config.checkpoints_dir() / model_id / rest / "adapter_model.safetensors"))
@@ -207,6 +249,11 @@ def test_two_ranks_data_parallel_match_one_process(tmp_path, one_process, refere
         for got_step, want_step in zip(_value_model(url), _value_model(one_process), strict=True):
             for a, b in zip(got_step, want_step, strict=True):
                 np.testing.assert_allclose(a, b, atol=1e-5)
+        got_rl, want_rl = _sampled_and_dimuon(url), _sampled_and_dimuon(one_process)
+        assert got_rl["tokens"] == want_rl["tokens"]
+        np.testing.assert_allclose(got_rl["losses"], want_rl["losses"], rtol=1e-5, atol=1e-5)
+        for a, b in zip(got_rl["after"], want_rl["after"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def _two_clients_stay_apart(url: str) -> None:

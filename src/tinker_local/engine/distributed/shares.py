@@ -21,6 +21,7 @@ from typing import Any
 from tinker import types
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 
+from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.errors import EngineError
 
 
@@ -48,14 +49,12 @@ def split_by_tokens(lengths: Sequence[int], parts: int) -> list[range]:
     return [range(bounds[r], bounds[r + 1]) for r in range(parts)]
 
 
-def share_of(call: Any, run: range) -> Any:
+def share_of(call: ForwardBackwardCall, run: range) -> ForwardBackwardCall:
     """A `ForwardBackwardCall` with only the datums in `run`, and whatever it carries one per
-    datum cut alike: the sampler's `behavior` records, where the contract has them (main's
-    `stable_reinforce`; read with getattr so this also runs on a contract without them)."""
+    datum cut alike: the sampler's `behavior` records (`stable_reinforce`)."""
     changes: dict[str, Any] = {"data": list(call.data[run.start:run.stop])}
-    behavior = getattr(call, "behavior", None)
-    if behavior is not None:
-        changes["behavior"] = tuple(behavior[run.start:run.stop])
+    if call.behavior is not None:
+        changes["behavior"] = tuple(call.behavior[run.start:run.stop])
     return replace(call, **changes)
 
 
