@@ -13,6 +13,14 @@ from pathlib import Path
 
 import pytest
 
+# The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
+from sdk_coverage import (  # noqa: F401
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_protocol,
+)
+
 _reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
 _base_path = Path(_reused_home or tempfile.mkdtemp(prefix="tinker-local-test-")).resolve()
 os.environ["TINKER_LOCAL_HOME"] = str(_base_path / "home")

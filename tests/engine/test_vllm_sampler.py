@@ -492,6 +492,30 @@ def test_prompt_logprobs_use_the_builtin_sampler_on_vllm_cpu(tmp_path):
     engine.unload_sampler("cpu")
 
 
+def test_prompt_targets_and_alt_tokens_use_the_builtin_sampler(engine):
+    """vLLM has no target-id scoring nor prompt draws: those requests fall back, exactly."""
+    engine.create_sampler("extras", base_model=TINY)
+    prompt = [1, 4, 6, 8, 9]
+    params = types.SamplingParams(max_tokens=2, temperature=1.0, seed=3)
+    ids = types.TensorData(data=[5, 7, 9, 11], dtype="int64", shape=[4, 1])
+    targeted = SamplingRequest("extras", prompt, params, target_prompt_logprobs=ids)
+    drawn = SamplingRequest("extras", prompt, params, prompt_alt_tokens_k=2)
+    plain = SamplingRequest("extras", prompt, params)
+    got_targets, got_draws, got_plain = sample(engine, [targeted, drawn, plain])
+    assert engine.sampling.routed == {"vllm": 1, "builtin": 2}
+    reference = sample_all(engine.sampling.builtin, [targeted, drawn])
+    assert np.allclose(
+        got_targets.target_prompt_logprobs.to_numpy(),
+        reference[0].target_prompt_logprobs.to_numpy(),
+        atol=1e-6,
+    )
+    assert np.array_equal(
+        got_draws.prompt_alt_tokens.tokens.to_numpy(), reference[1].prompt_alt_tokens.tokens.to_numpy()
+    )
+    assert got_plain.target_prompt_logprobs is None and got_plain.prompt_alt_tokens is None
+    engine.unload_sampler("extras")
+
+
 def test_own_adapter_folder_is_removed_at_exit(tmp_path):
     script = (
         "import types\n"

@@ -411,7 +411,7 @@ def _field_cases(ids: Ids) -> list[Case]:
             "",
             (400,),
         ),
-        ("asample", edit(sample, "prompt_alt_tokens_k", 2), "not supported", "", (400,)),
+        ("asample", edit(sample, "prompt_alt_tokens_k", -1), "prompt_alt_tokens_k", "", (400,)),
         ("asample", edit(sample, "prompt_logprobs_last_n", 1), "needs prompt_logprobs", "", (400,)),
         ("asample", edit(sample, "seq_id", _DELETE), "seq_id", "", (400,)),
         # sessions, futures
@@ -778,3 +778,262 @@ def test_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
         step = {"model_id": ids.model_id, "seq_id": 10_000, "adam_params": {}}
         result = _wait(http, _post(http, "/api/v1/optim_step", step)["request_id"])
         assert "metrics" in result.json()
+
+
+# ===============================================================================================
+# Issue 16, the SDK surface beyond the core calls (sampling options, non-text chunks, external
+# weights and signed URLs, checkpoint flags, copy_weights, sessions, usage, audit, futures).
+# Its own model and seq_ids, so it leaves the cases above alone.
+# ===============================================================================================
+
+
+def _surface_sample(ids: Ids, seq_id: int, **fields: Any) -> dict[str, Any]:
+    body = types.SampleRequest(
+        sampling_session_id=ids.sampler_id,
+        seq_id=seq_id,
+        prompt=types.ModelInput.from_ints([1, 2, 3, 4]),
+        sampling_params=types.SamplingParams(max_tokens=2),
+    ).model_dump(mode="json", exclude_none=True)
+    body.update(fields)
+    return body
+
+
+def _ids_tensor(data: list[int], shape: list[int], **extra: Any) -> dict[str, Any]:
+    return {"data": data, "dtype": "int64", "shape": shape, **extra}
+
+
+def _chunk_prompt(chunk: dict[str, Any]) -> dict[str, Any]:
+    return {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}, chunk]}
+
+
+def _surface_sample_cases(ids: Ids) -> list[Case]:
+    table: list[tuple[dict[str, Any], str, tuple[int, ...]]] = [
+        ({"target_prompt_logprobs": {"data": [1.0] * 3, "dtype": "float32", "shape": [3, 1]}},
+         "int64", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([1, 2], [2, 1])}, "3 rows", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([1, 2, 3], [3])}, "2-D", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([], [3, 0])}, "at least one column", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([-1, -1, -1], [3, 1])}, "names no token id",
+         (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([-5, 1, 1], [3, 1])}, ">= 0", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([1, 2], [3, 1])}, "needs 3 values", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor(list(range(3 * 400)), [3, 400])},
+         "distinct token ids", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor(
+            [5], [3, 2], sparse_crow_indices=[0, 1], sparse_col_indices=[0])},
+         "inconsistent sparse", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor(
+            [5], [3, 2], sparse_crow_indices=[0, 1, 1, 1], sparse_col_indices=[7])},
+         "inconsistent sparse", (400,)),
+        ({"target_prompt_logprobs": _ids_tensor([5], [3, 2], sparse_crow_indices=[0, 1, 1, 1])},
+         "sparse_col_indices", (400,)),
+        ({"target_prompt_logprobs": "ids"}, "target_prompt_logprobs", (400,)),
+        ({"prompt_alt_tokens_k": 10**6}, "prompt_alt_tokens_k", (400,)),
+        ({"prompt_alt_tokens_k": "many"}, "prompt_alt_tokens_k", (400,)),
+        ({"prompt_alt_tokens_k": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1]}]}},
+         "at least 2 tokens", (400,)),
+        ({"prompt_logprobs": True, "prompt_logprobs_last_n": 0}, "prompt_logprobs_last_n", (400,)),
+        ({"prompt_logprobs": True, "prompt_logprobs_last_n": 4}, "prompt_logprobs_last_n", (400,)),
+        # Non-text chunks: refused naming the chunk type and the sampler's base model.
+        ({"prompt": _chunk_prompt({"type": "image", "data": "aGk=", "format": "png"})},
+         "(type 'image'), but model 'fake/base'", (400,)),
+        ({"prompt": _chunk_prompt(
+            {"type": "image_asset_pointer", "format": "png", "location": "s3://a/b.png"})},
+         "(type 'image_asset_pointer'), but model 'fake/base'", (400,)),
+        ({"prompt": _chunk_prompt({"type": "dmel", "dmel": "AAIDCA=="})},
+         "(type 'dmel'), but model 'fake/base'", (400,)),
+        ({"prompt": _chunk_prompt({"type": "image", "data": "aGk=", "format": "gif"})},
+         "format", (400,)),
+    ]
+    return [
+        Case(f"asample-surface-{i}", "POST", "/api/v1/asample", expect, status,
+             {"json": _surface_sample(ids, 3000 + i, **fields)})
+        for i, (fields, expect, status) in enumerate(table)
+    ]
+
+
+def _surface_rest_cases(ids: Ids, server: FakeServer) -> list[Case]:
+    run = ids.model_id
+    state = ids.checkpoint[len("tinker://"):].split("/", 1)[1]  # weights/good
+    ckpt = f"/api/v1/training_runs/{run}/checkpoints"
+    past = int(time.time()) - 10
+    signer = server.server.service.signer
+    stale_sig = signer.sign("external_weights", run, "x", "a.json", str(past))
+    signed = "/api/v1/signed/external_weights"
+    get, post, put, delete = "GET", "POST", "PUT", "DELETE"
+    usage = "/api/v1/billing/usage/events?starting_on={}&ending_before={}"
+    trace = f"/api/v1/signed/session_trace/local/{ids.session_id}.pftrace"
+    table: list[tuple[str, str, str, tuple[int, ...], dict[str, Any]]] = [
+        # external weights URLs and the signed downloads
+        (get, f"{ckpt}/{state}/external_weights_urls", "only serves external weights", (400,), {}),
+        (get, f"{ckpt}/external_weights/missing/external_weights_urls", "not found", (404,), {}),
+        (get, "/api/v1/training_runs/nobody:train:0/checkpoints/external_weights/x/external_weights_urls",
+         "not found", (404,), {}),
+        (get, f"{ckpt}/external_weights/bad%20name/external_weights_urls", "invalid", (400,), {}),
+        (get, f"{signed}/{run}/x/a.json?expires={past + 10**6}&signature=00", "signature", (403,), {}),
+        (get, f"{signed}/{run}/x/a.json?expires={past}&signature={stale_sig}", "expired", (410,), {}),
+        (get, f"{signed}/{run}/x/a.json?signature=00", "expires", (400,), {}),
+        (get, f"{signed}/{run}/x/a.json?expires=soon&signature=00", "expires", (400,), {}),
+        # publish / unpublish / TTL
+        (post, f"{ckpt}/weights/missing/publish", "not found", (404,), {}),
+        (post, f"{ckpt}/checkpoints_of_nothing/x/publish", "kind must be", (400,), {}),
+        (delete, f"{ckpt}/{state}/publish", "already private", (400,), {}),
+        (put, f"{ckpt}/{state}/ttl", "ttl_seconds", (400,), {"json": {}}),
+        (put, f"{ckpt}/{state}/ttl", "not valid JSON", (400,), {"content": b"{nope"}),
+        (put, f"{ckpt}/{state}/ttl", "between 3600", (400,), {"json": {"ttl_seconds": 10**10}}),
+        (put, f"{ckpt}/{state}/ttl", "integer", (400,), {"json": {"ttl_seconds": True}}),
+        (put, f"{ckpt}/{state}/ttl", "integer", (400,), {"json": {"ttl_seconds": "1h"}}),
+        (put, f"{ckpt}/weights/missing/ttl", "not found", (404,), {"json": {"ttl_seconds": None}}),
+        # copy_weights
+        (post, "/api/v1/copy_weights", "source_path", (400,), {"json": {"destination_project_id": "p"}}),
+        (post, "/api/v1/copy_weights", "destination_project_id", (400,),
+         {"json": {"source_path": ids.checkpoint}}),
+        (post, "/api/v1/copy_weights", "go together", (400,),
+         {"json": {"source_path": ids.checkpoint, "session_id": ids.session_id}}),
+        (post, "/api/v1/copy_weights", "model_seq_id must be >= 0", (400,),
+         {"json": {"source_path": ids.checkpoint, "session_id": ids.session_id, "model_seq_id": -1}}),
+        (post, "/api/v1/copy_weights", "not found", (404,),
+         {"json": {"source_path": f"tinker://{run}/weights/missing", "destination_project_id": "p"}}),
+        (post, "/api/v1/copy_weights", "tinker://", (400,),
+         {"json": {"source_path": "s3://x", "destination_project_id": "p"}}),
+        (post, "/api/v1/copy_weights", "between 3600", (400,),
+         {"json": {"source_path": ids.checkpoint, "destination_project_id": "p", "ttl_seconds": 1}}),
+        (post, "/api/v1/copy_weights", "unknown session_id", (404,),
+         {"json": {"source_path": ids.checkpoint, "session_id": "nobody", "model_seq_id": 3}}),
+        (post, "/api/v1/copy_weights", "already a training run", (400,),
+         {"json": {"source_path": ids.checkpoint, "session_id": ids.session_id, "model_seq_id": 0}}),
+        # sessions
+        (get, "/api/v1/sessions?access_scope=everyone", "access_scope", (400,), {}),
+        (get, "/api/v1/sessions?limit=0", "limit", (400,), {}),
+        (get, "/api/v1/sessions?offset=-1", "offset", (400,), {}),
+        (get, "/api/v1/sessions/nobody", "not found", (404,), {}),
+        (get, f"/api/v1/sessions/{ids.session_id}?access_scope=all", "access_scope", (400,), {}),
+        (put, f"/api/v1/sessions/{ids.session_id}/project", "project_id", (400,), {"json": {}}),
+        (put, f"/api/v1/sessions/{ids.session_id}/project", "project_id", (400,),
+         {"json": {"project_id": "  "}}),
+        (put, "/api/v1/sessions/nobody/project", "not found", (404,), {"json": {"project_id": "p"}}),
+        (post, "/api/v1/sessions/search", "limit", (400,), {"json": {"limit": 0}}),
+        (post, "/api/v1/sessions/search", "display_name", (400,), {"json": {"display_name": ""}}),
+        (post, "/api/v1/sessions/search", "statuses", (400,), {"json": {"statuses": []}}),
+        (post, "/api/v1/sessions/search", "owner", (400,), {"json": {"owner": {"type": "boss"}}}),
+        (post, "/api/v1/sessions/search", "cursor", (400,), {"json": {"cursor": {"x": 1}}}),
+        (get, "/api/v1/sessions/nobody/trace_export", "not found", (404,), {}),
+        (get, f"{trace}?expires={past + 10**6}&signature=00", "signature", (403,), {}),
+        (post, "/api/v1/create_session", "display_name must not be blank", (400,),
+         {"json": {"sdk_version": "0.38", "tags": [], "user_metadata": None, "display_name": " "}}),
+        # audit, usage
+        (get, "/api/v1/audit?event_type=bogus", "event_type", (400,), {}),
+        (get, "/api/v1/audit?day=yesterday", "day", (400,), {}),
+        (get, usage.format("2025-01-01T00:30:00Z", "2025-01-01T02:00:00Z"), "hour boundary",
+         (400,), {}),
+        (get, usage.format("2025-01-01T00:00:00Z", "2025-02-01T00:00:00Z"), "14 days", (400,), {}),
+        (get, usage.format("2999-01-01T00:00:00Z", "2999-01-02T00:00:00Z"), "future", (400,), {}),
+        (get, usage.format("2025-01-01T00:00:00", "2025-01-01T02:00:00Z"), "time zone", (400,), {}),
+        (get, "/api/v1/billing/usage/events?starting_on=soon&ending_before=later", "RFC 3339",
+         (400,), {}),
+        (get, "/api/v1/billing/usage/events", "starting_on", (400,), {}),
+        # retrieve_futures, join_sampling_session
+        (post, "/api/v1/retrieve_futures", "target", (400,), {"json": {}}),
+        (post, "/api/v1/retrieve_futures", "unknown sampling_session_id", (404,),
+         {"json": {"target": {"sampling_session_id": "nobody:sample:0"}}}),
+        (post, "/api/v1/retrieve_futures", "prev_cursor", (400,),
+         {"json": {"target": {"sampling_session_id": ids.sampler_id}, "prev_cursor": -1}}),
+        (post, "/api/v1/retrieve_futures", "timeout", (400,),
+         {"json": {"target": {"sampling_session_id": ids.sampler_id}, "timeout": -1}}),
+        (post, "/api/v1/retrieve_futures", "cloned_sampler_id", (400,),
+         {"json": {"target": {"sampling_session_id": ids.sampler_id, "cloned_sampler_id": -2}}}),
+        (post, "/api/v1/join_sampling_session", "sampling_session_id", (400,), {"json": {}}),
+        (post, "/api/v1/join_sampling_session", "unknown sampling_session_id", (404,),
+         {"json": {"sampling_session_id": "nobody:sample:0"}}),
+    ]
+    return [
+        Case(f"surface-{i}", method, path, expect, status, kwargs)
+        for i, (method, path, expect, status, kwargs) in enumerate(table)
+    ]
+
+
+def _surface_ordered(model_id: str) -> list[tuple[str, dict[str, Any], str]]:
+    """Requests on the block's own model, seq_ids 1.. in order (each refused, each taking its
+    slot)."""
+    base = {"model_id": model_id}
+    image = types.Datum(
+        model_input=types.ModelInput(chunks=[
+            types.EncodedTextChunk(tokens=[1, 2]),
+            types.ImageChunk(data=b"png", format="png", expected_tokens=2),
+        ]),
+        loss_fn_inputs={"target_tokens": [1, 2, 3, 4], "weights": [1.0] * 4},
+    )
+    audio = types.Datum(
+        model_input=types.ModelInput(chunks=[types.DmelChunk(dmel=bytes([0, 2, 2, 4]) + bytes(8))]),
+        loss_fn_inputs={"target_tokens": [1, 2], "weights": [1.0] * 2},
+    )
+    external = [
+        ({"path": "../escape"}, "external weights name"),
+        ({"path": "x", "ttl_seconds": 5}, "between 3600"),
+        ({"path": "x", "age_encryption_recipients": ["nope"]}, "age_encryption_recipients[0]"),
+        ({"path": "x", "age_encryption_recipients": ["age1bad"]}, "not a valid age recipient"),
+        ({"path": "x", "age_encryption_recipients": ["age1x"] * 11}, "at most 10"),
+    ]
+    ordered: list[tuple[str, dict[str, Any], str]] = []
+    seq = 1
+    for fields, expect in external:
+        ordered.append(("save_weights_external", {"json": {**base, "seq_id": seq, **fields}}, expect))
+        seq += 1
+    for datum, expect in (
+        (image, "datum 0: model_input chunk 1 is an image chunk (type 'image'), but model 'fake/base'"),
+        (audio, "(type 'dmel'), but model 'fake/base'"),
+    ):
+        body = _fb_body(model_id, seq, [datum])
+        ordered.append(("forward_backward", {"content": body, "headers": PROTO}, expect))
+        seq += 1
+    return ordered
+
+
+def test_surface_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
+    server: FakeServer, ids: Ids
+) -> None:
+    failures = []
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        created = _post(
+            http,
+            "/api/v1/create_model",
+            {"session_id": ids.session_id, "model_seq_id": 7, "base_model": "fake/base"},
+        )
+        model_id = json.loads(_wait(http, created["request_id"]).content)["model_id"]
+        cases = _surface_sample_cases(ids) + _surface_rest_cases(ids, server)
+        for case in cases:
+            answer = http.request(case.method, case.path, **case.kwargs)
+            try:
+                message = answer.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                failures.append(f"{case.name}: {answer.status_code} without a JSON error body")
+                continue
+            if answer.status_code not in case.status or case.expect not in message:
+                failures.append(f"{case.name}: {answer.status_code} {message!r}")
+        ordered = _surface_ordered(model_id)
+        for route, kwargs, expect in ordered:
+            posted = http.post(f"/api/v1/{route}", **kwargs)
+            message = posted.json().get("error", "") if posted.headers.get(
+                "content-type", "").startswith("application/json") else posted.text
+            if not (posted.status_code == 400 and expect in message):
+                failures.append(f"ordered {route}: {posted.status_code} {message!r}")
+    assert not failures, f"{len(failures)} of {len(cases) + len(ordered)}:\n" + "\n".join(failures)
+    assert len(cases) + len(ordered) >= 80
+
+    # The server still serves, and the refused requests took their slots: the next seq_id of
+    # the block's model runs at once.
+    next_seq = len(ordered) + 1
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        started = time.monotonic()
+        saved = _post(http, "/api/v1/save_weights_external",
+                      {"model_id": model_id, "seq_id": next_seq, "path": "fine"})
+        result = json.loads(_wait(http, saved["request_id"]).content)
+        assert result["path"].endswith("/external_weights/fine")
+        assert time.monotonic() - started < server.settings.gap_wait_s
+        urls = http.get(f"/api/v1/training_runs/{model_id}/checkpoints/external_weights/fine"
+                        "/external_weights_urls").json()["urls"]
+        for url in urls.values():
+            assert http.get(url).status_code == 200
+    sampler = server.client().create_sampling_client(base_model="fake/base").result()
+    out = sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2))
+    assert len(out.result().sequences) == 1

@@ -80,8 +80,11 @@ def test_bad_datum_names_index_and_field() -> None:
 def test_image_chunks_are_refused_by_name() -> None:
     msg = _request([types.Datum(model_input=types.ModelInput.from_ints([1]), loss_fn_inputs={})])
     msg.data[0].model_input.add().image.data = b"png"
-    with pytest.raises(UserError, match="datum 0: model_input chunk 1 is image"):
+    with pytest.raises(wire.NonTextChunk, match="datum 0: model_input chunk 1 is an image") as err:
         wire.datums_from_proto(msg)
+    named = str(err.value.for_model("some/model"))
+    assert "type 'image'" in named and "'some/model' is a text-only model" in named
+    assert isinstance(err.value, UserError)
 
 
 def test_zstd_and_malformed_bodies() -> None:

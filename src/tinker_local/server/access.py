@@ -25,6 +25,9 @@ from tinker_local.server.errors import ApiError
 
 LOCAL_OWNER = "local"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
+# Signed download URLs (external weights, session traces): the signature in the URL is the
+# credential, as for the hosted service's signed URLs (a plain GET, no key).
+SIGNED_PREFIX = "/api/v1/signed/"
 # Where a run's owner is written, inside the run's checkpoint folder.
 OWNER_FILE = ".owner"
 
@@ -104,8 +107,15 @@ def _is_loopback(host: str | None) -> bool:
     return host.startswith("::ffff:127.")
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
+# A JWT this server cannot verify: the SDK exchanges its key again and replays the request.
+INVALID_TOKEN = 'Bearer error="invalid_token"'
+
+
+async def _refuse(
+    send: Send, status: int, message: str, headers: dict[str, str] | None = None
+) -> None:
     body = json.dumps({"error": message, "detail": message}).encode()
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
@@ -113,6 +123,7 @@ async def _refuse(send: Send, status: int, message: str) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *extra,
             ],
         }
     )
@@ -132,11 +143,18 @@ class AccessMiddleware:
     """Pure ASGI middleware: API key or loopback check, owner, body size limit."""
 
     def __init__(
-        self, app: Asgi, *, keys: Callable[[], frozenset[str]], max_body_bytes: Callable[[], int]
+        self,
+        app: Asgi,
+        *,
+        keys: Callable[[], frozenset[str]],
+        max_body_bytes: Callable[[], int],
+        token_owner: Callable[[str], str | None] = lambda _token: None,
     ) -> None:
         self.app = app
         self._keys = keys
         self._max_body_bytes = max_body_bytes
+        # The owner named by a JWT of this server's auth exchange (auth_tokens.py), or None.
+        self._token_owner = token_owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -144,7 +162,7 @@ class AccessMiddleware:
             return
         owner = self._owner(scope)
         if isinstance(owner, ApiError):
-            await _refuse(send, owner.status, owner.message)
+            await _refuse(send, owner.status, owner.message, owner.headers)
             return
         limit = self._max_body_bytes()
         headers = dict(scope.get("headers") or [])
@@ -169,13 +187,23 @@ class AccessMiddleware:
                 "this tinker-local server has no API keys configured, so it only serves "
                 "loopback clients (start it with --api-key or --api-keys-file)",
             )
-        if scope.get("path") in OPEN_PATHS:
+        path = scope.get("path") or ""
+        if path in OPEN_PATHS or path.startswith(SIGNED_PREFIX):
             return LOCAL_OWNER
         for name, value in scope.get("headers") or []:
             if name == b"x-api-key":
                 key = value.decode("latin-1")
                 if key in keys:
                     return owner_of_key(key)
+                if key.startswith("eyJ"):
+                    owner = self._token_owner(key)
+                    if owner is not None:
+                        return owner
+                    return ApiError(
+                        401,
+                        "the auth token is expired or was not issued by this tinker-local server",
+                        headers={"WWW-Authenticate": INVALID_TOKEN},
+                    )
                 return ApiError(401, "X-API-Key is not a key this tinker-local server accepts")
         return ApiError(401, "this tinker-local server needs an X-API-Key header")
 

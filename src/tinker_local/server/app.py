@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -17,11 +18,26 @@ from typing import Any, TypeVar
 import pydantic
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
-from tinker_local.server import rest, restore_samplers, sampling, sessions, training, weights
+from tinker_local.server import (
+    audit,
+    auth_tokens,
+    completions,
+    copy_weights,
+    external_weights,
+    rest,
+    restore_samplers,
+    sampling,
+    session_views,
+    sessions,
+    training,
+    usage,
+    weights,
+    wire,
+)
 from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import TRY_AGAIN_STATUS, FutureRecord
@@ -67,6 +83,28 @@ def _future_answer(record: FutureRecord, model_id: str | None = None) -> dict[st
     return answer
 
 
+async def _json(request: Request, what: str) -> Any:
+    try:
+        return json.loads(await request.body() or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"{what}: request body is not valid JSON ({exc})") from exc
+
+
+def _trace(
+    svc: Service,
+    model_id: str,
+    kind: str,
+    record: FutureRecord,
+    tokens: dict[str, int] | None = None,
+) -> None:
+    """A span of a training model's request, for session traces and usage."""
+    model = svc.state.models.get(model_id)
+    if model is not None:
+        svc.trace.follow(
+            record, model.session_id, model.owner, model_id, kind, model.base_model, tokens
+        )
+
+
 def create_app(svc: Service) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -108,6 +146,7 @@ def create_app(svc: Service) -> FastAPI:
         AccessMiddleware,
         keys=lambda: svc.settings.api_keys,
         max_body_bytes=lambda: svc.settings.max_body_bytes,
+        token_owner=lambda token: auth_tokens.owner_of(svc.signer, token),
     )
 
     # -- client start-up, health ----------------------------------------------------------------
@@ -132,6 +171,10 @@ def create_app(svc: Service) -> FastAPI:
                 {"model_name": n, "trainable": True, "sampleable": True} for n in names
             ]
         }
+
+    @app.post("/api/v1/auth/token")
+    async def auth_token() -> dict[str, Any]:
+        return {"jwt": auth_tokens.mint(svc.signer, current_owner())}
 
     @app.post("/api/v1/telemetry")
     async def telemetry(request: Request) -> dict[str, Any]:
@@ -184,23 +227,42 @@ def create_app(svc: Service) -> FastAPI:
             )
         else:
             msg, data = training.decode_forward_backward(body, encoding, limit)
+        if isinstance(data, wire.NonTextChunk):
+            known = svc.state.models.get(msg.model_id)
+            data = data.for_model(known.base_model if known is not None else msg.model_id)
         record = training.forward_backward(svc, msg, data)
+        tokens = 0 if isinstance(data, Exception) else sum(d.model_input.length for d in data)
+        kind = "forward" if msg.forward_only else "forward_backward"
+        _trace(svc, msg.model_id, kind, record, {"training": tokens})
         return _future_answer(record, msg.model_id)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.OptimStepRequest, "optim_step")
-        return _future_answer(training.optim_step(svc, req), req.model_id)
+        record = training.optim_step(svc, req)
+        _trace(svc, req.model_id, "optim_step", record)
+        return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SaveWeightsRequest, "save_weights")
-        return _future_answer(weights.save_weights(svc, req), req.model_id)
+        record = weights.save_weights(svc, req)
+        _trace(svc, req.model_id, "save_weights", record)
+        return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
         req = await _parse(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
-        return _future_answer(weights.save_weights_for_sampler(svc, req), req.model_id)
+        record = weights.save_weights_for_sampler(svc, req)
+        _trace(svc, req.model_id, "save_weights_for_sampler", record)
+        return _future_answer(record, req.model_id)
+
+    @app.post("/api/v1/save_weights_external")
+    async def save_weights_external(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SaveWeightsExternalRequest, "save_weights_external")
+        record = external_weights.save_weights_external(svc, req)
+        _trace(svc, req.model_id, "save_weights_external", record)
+        return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
@@ -226,7 +288,13 @@ def create_app(svc: Service) -> FastAPI:
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
         return sampling.asample(svc, req)
 
-    # -- RestClient reads ----------------------------------------------------------------------
+    @app.post("/api/v1/join_sampling_session")
+    async def join_sampling_session(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.JoinSamplingSessionRequest, "join_sampling_session")
+        await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
+        return completions.join(svc.state, req)
+
+    # -- RestClient: training runs and checkpoints ----------------------------------------------
 
     @app.get("/api/v1/training_runs")
     async def list_training_runs(
@@ -242,10 +310,53 @@ def create_app(svc: Service) -> FastAPI:
     async def list_run_checkpoints(run_id: str) -> dict[str, Any]:
         return await rest.list_run_checkpoints(svc, run_id)
 
+    checkpoint_route = "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}"
+
+    @app.get(checkpoint_route + "/external_weights_urls")
+    async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> Any:
+        if kind != external_weights.KIND:
+            raise ApiError(
+                400,
+                f"get_external_weights_urls only serves external weights checkpoints "
+                f"(tinker://RUN/external_weights/NAME), got {kind}/{name}",
+            )
+        base = str(request.base_url)
+        return await external_weights.urls(svc, run_id, name, base, current_owner())
+
+    @app.post(checkpoint_route + "/publish")
+    async def publish_checkpoint(run_id: str, kind: str, name: str) -> Response:
+        rest.set_public(svc, run_id, f"{kind}/{name}", True)
+        return Response(status_code=204)
+
+    # Before the catch-all delete route below, which would take ".../publish" for a name.
+    @app.delete(checkpoint_route + "/publish")
+    async def unpublish_checkpoint(run_id: str, kind: str, name: str) -> Response:
+        rest.set_public(svc, run_id, f"{kind}/{name}", False)
+        return Response(status_code=204)
+
+    @app.put(checkpoint_route + "/ttl")
+    async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request) -> Response:
+        rest.set_ttl(svc, run_id, f"{kind}/{name}", await _json(request, "checkpoint ttl"))
+        return Response(status_code=204)
+
     @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(run_id: str, checkpoint_id: str) -> dict[str, Any]:
         await rest.delete_checkpoint(svc, run_id, checkpoint_id)
         return {}
+
+    @app.post("/api/v1/copy_weights")
+    async def copy_weights_route(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.CopyWeightsRequest, "copy_weights")
+        token = request.headers.get("x-tinker-weights-access-token")
+        key = request.headers.get("x-idempotency-key")
+        return copy_weights.copy(svc, req, token, key)
+
+    @app.get("/api/v1/signed/external_weights/{run_id}/{name}/{relative:path}")
+    async def signed_external_file(
+        run_id: str, name: str, relative: str, expires: int = Query(...), signature: str = Query(...)
+    ) -> FileResponse:
+        path = external_weights.signed_file(svc, run_id, name, relative, expires, signature)
+        return FileResponse(path, media_type="application/octet-stream")
 
     @app.get("/api/v1/checkpoints")
     async def list_checkpoints(
@@ -261,7 +372,74 @@ def create_app(svc: Service) -> FastAPI:
             raise ApiError(400, "weights_info needs a JSON body with tinker_path") from exc
         return await rest.weights_info(svc, path)
 
+    # -- RestClient: sessions, identity, usage ---------------------------------------------------
+
+    @app.get("/api/v1/sessions")
+    async def list_sessions(
+        limit: int = Query(20, ge=1, le=10_000),
+        offset: int = Query(0, ge=0),
+        access_scope: str = Query("owned"),
+    ) -> dict[str, Any]:
+        return session_views.list_sessions(svc, limit, offset, access_scope)
+
+    @app.post("/api/v1/sessions/search")
+    async def search_sessions(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.SessionSearchRequest, "sessions/search")
+        return session_views.search_sessions(svc, req)
+
+    @app.get("/api/v1/sessions/{session_id}")
+    async def get_session(session_id: str, access_scope: str = Query("owned")) -> dict[str, Any]:
+        return session_views.get_session(svc, session_id, access_scope)
+
+    @app.put("/api/v1/sessions/{session_id}/project")
+    async def assign_session_project(session_id: str, request: Request) -> Response:
+        body = await _json(request, "assign_session_project")
+        project = body.get("project_id") if isinstance(body, dict) else None
+        session_views.assign_project(svc, session_id, project)
+        return Response(status_code=204)
+
+    @app.get("/api/v1/sessions/{session_id}/trace_export")
+    async def trace_export(session_id: str, request: Request) -> dict[str, Any]:
+        return session_views.export_trace(svc, session_id, str(request.base_url))
+
+    @app.get("/api/v1/signed/session_trace/{owner}/{session_id}.pftrace")
+    async def signed_trace(
+        owner: str, session_id: str, expires: int = Query(...), signature: str = Query(...)
+    ) -> Response:
+        data = session_views.trace_file(svc, owner, session_id, expires, signature)
+        return Response(content=data, media_type="application/octet-stream")
+
+    @app.get("/api/v1/audit")
+    async def audit_log(event_type: str = Query("all"), day: str | None = Query(None)) -> Any:
+        if event_type not in audit.EVENT_TYPES:
+            raise ApiError(
+                400, f"event_type must be one of {sorted(audit.EVENT_TYPES)}, got {event_type!r}"
+            )
+        try:
+            when = datetime.date.fromisoformat(day) if day else datetime.datetime.now(
+                datetime.timezone.utc
+            ).date()
+        except ValueError as exc:
+            raise ApiError(400, f"day must be a date like 2025-01-15, got {day!r}") from exc
+        return {"entries": svc.audit.entries(current_owner(), event_type, when)}
+
+    @app.get("/api/v1/billing/usage/events")
+    async def billing_usage(starting_on: str = Query(...), ending_before: str = Query(...)) -> Any:
+        return usage.billing_events(svc, starting_on, ending_before)
+
+    @app.get("/api/v1/billing/usage/checkpoints/current")
+    async def checkpoint_storage(project_id: str | None = Query(None)) -> Any:
+        return await usage.checkpoint_storage(svc, project_id)
+
     # -- futures --------------------------------------------------------------------------------
+
+    @app.post("/api/v1/retrieve_futures")
+    async def retrieve_futures(request: Request) -> dict[str, Any]:
+        req = await _parse(request, types.FuturesRetrieveRequest, "retrieve_futures")
+        await restore_samplers.ensure_sampler(svc, req.target.sampling_session_id)
+        return await svc.completions.poll(
+            svc.state, svc.futures, svc.settings.long_poll_s, req
+        )
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

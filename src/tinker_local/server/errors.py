@@ -19,6 +19,13 @@ from tinker_local.engine.contract import EngineError
 logger = logging.getLogger("tinker_local.server")
 
 
+# The status for "conflicts with what is there" (already public, already exists). The hosted
+# API documents 409, but the SDK retries 409 with backoff for five minutes (it takes it for a
+# transient conflict), so a permanent conflict answers 400, with a message that says what
+# conflicts.
+CONFLICT = 400
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Literal
 
 from tinker_local import config
+from tinker_local.server import checkpoint_flags
 from tinker_local.server.access import current_owner, run_owner_on_disk
 from tinker_local.server.errors import ApiError
 
-CheckpointKind = Literal["weights", "sampler_weights"]
-KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights")
+CheckpointKind = Literal["weights", "sampler_weights", "external_weights"]
+KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights", "external_weights")
 SCHEME = "tinker://"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -63,19 +64,31 @@ def parse_uri(uri: str) -> CheckpointPath:
     if len(parts) != 3:
         raise ApiError(
             400,
-            f"checkpoint path {uri!r} must look like "
-            "tinker://RUN_ID/weights/NAME or tinker://RUN_ID/sampler_weights/NAME",
+            f"checkpoint path {uri!r} must look like tinker://RUN_ID/weights/NAME, "
+            "tinker://RUN_ID/sampler_weights/NAME or tinker://RUN_ID/external_weights/NAME",
         )
     run_id, kind, name = parts
     if kind not in KINDS:
-        raise ApiError(400, f"checkpoint path {uri!r}: kind must be 'weights' or 'sampler_weights'")
+        raise ApiError(
+            400,
+            f"checkpoint path {uri!r}: kind must be 'weights', 'sampler_weights' or "
+            "'external_weights'",
+        )
     return CheckpointPath(check_run_id(run_id), kind, check_name(name))  # type: ignore[arg-type]
 
 
-def existing_checkpoint(uri: str, root: Path | None = None) -> tuple[CheckpointPath, Path]:
-    """Parse `uri` and require its folder to exist and belong to the caller (404 otherwise)."""
+def existing_checkpoint(
+    uri: str, root: Path | None = None, *, also_owner: str | None = None
+) -> tuple[CheckpointPath, Path]:
+    """Parse `uri` and require its folder to exist, not to have expired, and to be readable by
+    the caller: its own, published, or (`also_owner`) owned by the owner of a weights access
+    token. 404 otherwise, exactly as for a checkpoint that does not exist."""
     path = parse_uri(uri)
     directory = path.directory(root)
-    if not directory.is_dir() or run_owner_on_disk(directory.parent.parent) != current_owner():
+    run_dir = directory.parent.parent
+    flags = checkpoint_flags.flags(run_dir, f"{path.kind}/{path.name}")
+    owner = run_owner_on_disk(run_dir)
+    readable = owner == current_owner() or flags.public or (also_owner and owner == also_owner)
+    if not directory.is_dir() or not readable or flags.expired():
         raise ApiError(404, f"checkpoint {uri!r} not found (looked in {directory})")
     return path, directory

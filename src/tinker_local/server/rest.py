@@ -1,4 +1,5 @@
-"""`tinker.RestClient` reads: training runs, their checkpoints, weights info; checkpoint delete.
+"""`tinker.RestClient` checkpoint calls: training runs, their checkpoints, weights info; delete,
+publish / unpublish, TTL and copy.
 
 Checkpoints are read from the checkpoints folder itself, so runs from earlier server
 processes are listed too. A run's base model comes from the live model when there is one,
@@ -11,20 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tinker_local.engine.contract import read_checkpoint_meta
-from tinker_local.server import paths
+from tinker_local.server import checkpoint_flags, paths
 from tinker_local.server.access import current_owner, run_owner_on_disk
-from tinker_local.server.errors import ApiError
+from tinker_local.server.errors import CONFLICT, ApiError
 from tinker_local.server.service import Service
 
 logger = logging.getLogger("tinker_local.server")
 
-_KIND_TO_TYPE = {"weights": "training", "sampler_weights": "sampler"}
+_KIND_TO_TYPE = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 
 
 def _iso(timestamp: float) -> str:
@@ -35,7 +37,7 @@ def _size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _checkpoint(run_id: str, kind: str, folder: Path) -> dict[str, Any]:
+def _checkpoint(run_id: str, kind: str, folder: Path, flags: checkpoint_flags.Flags) -> dict[str, Any]:
     path = paths.CheckpointPath(run_id, kind, folder.name)  # type: ignore[arg-type]
     return {
         "checkpoint_id": f"{kind}/{folder.name}",
@@ -43,18 +45,24 @@ def _checkpoint(run_id: str, kind: str, folder: Path) -> dict[str, Any]:
         "time": _iso(folder.stat().st_mtime),
         "tinker_path": path.uri,
         "size_bytes": _size(folder),
+        "public": flags.public,
+        "expires_at": None if flags.expires_at is None else _iso(flags.expires_at),
     }
 
 
 def run_checkpoints(root: Path, run_id: str) -> list[dict[str, Any]]:
+    """The run's checkpoints, with their flags; expired ones are left out (the sweeper
+    deletes them)."""
     found = []
     for kind in paths.KINDS:
         kind_dir = root / run_id / kind
         if kind_dir.is_dir():
             for folder in kind_dir.iterdir():
-                # Hidden names are saves still being written (see training._save_into).
+                # Hidden names are saves still being written (see weights.save_into).
                 if folder.is_dir() and not folder.name.startswith("."):
-                    found.append(_checkpoint(run_id, kind, folder))
+                    flags = checkpoint_flags.flags(root / run_id, f"{kind}/{folder.name}")
+                    if not flags.expired():
+                        found.append(_checkpoint(run_id, kind, folder, flags))
     return sorted(found, key=lambda c: c["time"])
 
 
@@ -161,7 +169,12 @@ async def list_training_runs(svc: Service, limit: int, offset: int) -> dict[str,
     root, live, owner = svc.settings.checkpoints_dir(), _live_runs(svc), current_owner()
 
     def work() -> dict[str, Any]:
-        ids = _run_ids(root, live, owner)
+        # A folder left with no checkpoint (all deleted or expired) is no run to list.
+        ids = [
+            r
+            for r in _run_ids(root, live, owner)
+            if r in live or (_owned_on_disk(root, r, owner) and run_checkpoints(root, r))
+        ]
         page = [_training_run(root, r, live, owner) for r in ids[offset : offset + limit]]
         return {"training_runs": page, "cursor": _cursor(offset, limit, len(ids))}
 
@@ -200,14 +213,54 @@ async def list_all_checkpoints(svc: Service, limit: int, offset: int) -> dict[st
     return await asyncio.to_thread(work)
 
 
-async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> None:
+def _owned_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> tuple[paths.CheckpointPath, Path]:
+    """An existing, unexpired checkpoint of the caller's own (404 otherwise: published ones of
+    other owners are readable, never theirs to change)."""
     kind, _, name = checkpoint_id.partition("/")
     target = paths.parse_uri(f"{paths.SCHEME}{run_id}/{kind}/{name}")
     root = svc.settings.checkpoints_dir()
     folder = target.directory(root)
-    if not folder.is_dir() or not _owned_on_disk(root, run_id, current_owner()):
+    flags = checkpoint_flags.flags(root / run_id, f"{target.kind}/{target.name}")
+    if not folder.is_dir() or flags.expired() or not _owned_on_disk(root, run_id, current_owner()):
         raise ApiError(404, f"checkpoint {target.uri} not found")
+    return target, folder
+
+
+async def delete_checkpoint(svc: Service, run_id: str, checkpoint_id: str) -> None:
+    target, folder = _owned_checkpoint(svc, run_id, checkpoint_id)
     await asyncio.to_thread(shutil.rmtree, folder)
+    checkpoint_flags.forget(folder.parent.parent, f"{target.kind}/{target.name}")
+    svc.audit.record(
+        current_owner(), "checkpoint_delete", tinker_path=target.uri, training_run_id=run_id
+    )
+
+
+def set_public(svc: Service, run_id: str, checkpoint_id: str, public: bool) -> None:
+    """Publish (every key of this server may read it) or unpublish; refused if already so."""
+    target, folder = _owned_checkpoint(svc, run_id, checkpoint_id)
+    checkpoint = f"{target.kind}/{target.name}"
+    if checkpoint_flags.flags(folder.parent.parent, checkpoint).public == public:
+        state = "public" if public else "private"
+        raise ApiError(CONFLICT, f"checkpoint {target.uri} is already {state}")
+    checkpoint_flags.update(folder.parent.parent, checkpoint, public=public)
+    event = "checkpoint_publish" if public else "checkpoint_unpublish"
+    svc.audit.record(current_owner(), event, tinker_path=target.uri, training_run_id=run_id)
+
+
+def set_ttl(svc: Service, run_id: str, checkpoint_id: str, body: Any) -> None:
+    if not isinstance(body, dict) or "ttl_seconds" not in body:
+        raise ApiError(400, "the TTL request needs a JSON body {\"ttl_seconds\": seconds or null}")
+    try:
+        ttl = checkpoint_flags.check_ttl(body["ttl_seconds"])
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    target, folder = _owned_checkpoint(svc, run_id, checkpoint_id)
+    expires = None if ttl is None else time.time() + ttl
+    checkpoint_flags.update(folder.parent.parent, f"{target.kind}/{target.name}", expires_at=expires)
+    svc.audit.record(
+        current_owner(), "checkpoint_ttl_set", tinker_path=target.uri, training_run_id=run_id,
+        ttl_seconds=ttl,
+    )
 
 
 async def weights_info(svc: Service, tinker_path: str) -> dict[str, Any]:

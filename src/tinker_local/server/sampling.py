@@ -14,18 +14,14 @@ from typing import Any
 from tinker import types
 
 from tinker_local.engine.contract import Engine, SampleOutcome, SamplingRequest
-from tinker_local.server import limits, paths, wire
+from tinker_local.server import chunk_kinds, limits, paths, prompt_targets, weights, wire
 from tinker_local.server.errors import ApiError, error_message
 from tinker_local.server.futures import PROTOBUF, WireResult, failure_result
 from tinker_local.server.service import Service
 from tinker_local.server.state import Sampler, remember, sampler_id
 
 # Sampling options of the hosted API that the local engine does not implement.
-_UNSUPPORTED = (
-    ("target_prompt_logprobs", lambda r: r.target_prompt_logprobs is not None),
-    ("prompt_alt_tokens_k", lambda r: r.prompt_alt_tokens_k > 0),
-    ("record_stability_info", lambda r: bool(r.record_stability_info)),
-)
+_UNSUPPORTED = (("record_stability_info", lambda r: bool(r.record_stability_info)),)
 
 
 async def create_sampling_session(
@@ -56,6 +52,7 @@ async def _create_sampler(
         _path, adapter_dir = paths.existing_checkpoint(
             req.model_path, svc.settings.checkpoints_dir()
         )
+        weights.read_audited(svc, req.model_path, "sampling")
     elif not req.base_model:
         raise ApiError(400, "create_sampling_session needs a model_path or a base_model")
     else:
@@ -88,15 +85,11 @@ def get_sampler(svc: Service, sampler_id_: str) -> dict[str, Any]:
     }
 
 
-def _prompt_tokens(prompt: types.ModelInput) -> list[int]:
+def _prompt_tokens(prompt: types.ModelInput, base_model: str) -> list[int]:
     tokens: list[int] = []
     for i, chunk in enumerate(prompt.chunks):
         if not isinstance(chunk, types.EncodedTextChunk):
-            raise ApiError(
-                400,
-                f"prompt chunk {i} is {type(chunk).__name__}; tinker-local only samples from "
-                "token chunks",
-            )
+            raise ApiError(400, chunk_kinds.refusal(f"prompt chunk {i}", chunk.type, base_model))
         tokens.extend(int(t) for t in chunk.tokens)
     return tokens
 
@@ -118,6 +111,14 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
     ):
         if not 0 <= k <= limit:
             raise ApiError(400, f"{name} must be between 0 and {limit}, got {k}")
+    if not 0 <= req.prompt_alt_tokens_k <= limits.MAX_PROMPT_ALT_TOKENS_K:
+        raise ApiError(
+            400,
+            f"prompt_alt_tokens_k must be between 0 and {limits.MAX_PROMPT_ALT_TOKENS_K}, got "
+            f"{req.prompt_alt_tokens_k}",
+        )
+    if req.prompt_alt_tokens_k and len(prompt) < 2:
+        raise ApiError(400, "prompt_alt_tokens_k needs a prompt of at least 2 tokens")
     last_n = req.prompt_logprobs_last_n
     if last_n is not None:
         if not req.prompt_logprobs:
@@ -137,8 +138,9 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
     known = sampler.answers_by_seq.get(req.seq_id)
     if known is not None and svc.futures.get(known["request_id"]) is not None:
         return known  # a retry of a sample we already have
-    prompt = _prompt_tokens(req.prompt)
+    prompt = _prompt_tokens(req.prompt, sampler.base_model)
     _check_sample_request(req, prompt)
+    targets = prompt_targets.from_request(req.target_prompt_logprobs, len(prompt))
     limits.check_sample_length(svc, len(prompt), req.sampling_params)
     svc.check_queue("asample")
     engine_request = SamplingRequest(
@@ -149,8 +151,21 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         prompt_logprobs=bool(req.prompt_logprobs),
         topk_prompt_logprobs=req.topk_prompt_logprobs,
         topk_sample_logprobs=req.topk_sample_logprobs,
+        target_prompt_logprobs=targets,
+        prompt_alt_tokens_k=req.prompt_alt_tokens_k,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
+    record = svc.futures.create("sample")
+    span = svc.trace.follow(
+        record,
+        sampler.session_id,
+        sampler.owner,
+        sampler.sampler_id,
+        "sample",
+        sampler.base_model,
+        {"sampling_prefill": len(prompt)},
+    )
+    svc.completions.track(sampler.sampler_id, req.seq_id, record)
 
     def finish(answer: SampleOutcome) -> WireResult:
         if isinstance(answer, Exception):
@@ -159,11 +174,12 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
             raise RuntimeError(
                 f"engine returned {len(answer.sequences)} sequences for num_samples={num_samples}"
             )
+        if span is not None:
+            span.tokens["sampling_sample"] = sum(len(s.tokens) for s in answer.sequences)
         return WireResult(
             wire.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
-    record = svc.futures.create("sample")
     svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
     answer = {
         "request_id": record.request_id,

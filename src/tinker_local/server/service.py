@@ -19,6 +19,8 @@ from typing import Any, NoReturn, TypeVar
 
 from tinker_local import config
 from tinker_local.engine.contract import Engine, EngineFactory, LossInputs
+from tinker_local.server.audit import AuditLog
+from tinker_local.server.completions import CompletionQueues
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import (
     FutureRecord,
@@ -28,6 +30,8 @@ from tinker_local.server.futures import (
     user_failure,
 )
 from tinker_local.server.sequencer import DEFAULT_GAP_WAIT_S, Late
+from tinker_local.server.session_trace import RequestTrace
+from tinker_local.server.signing import Signer
 from tinker_local.server.state import ServerState, TrainingModel, remember, restore
 from tinker_local.server.store import Store
 from tinker_local.server.worker import EngineWorker, Job
@@ -42,7 +46,12 @@ RETRY_AFTER_MS = 250
 # What /api/v1/client/config answers. Plain httpx rather than pyqwest: on loopback it is as
 # fast, and it is the transport every SDK call already falls back to. Compression is off:
 # zstd costs CPU and saves nothing on loopback (compressed bodies are still accepted).
+# JWT auth is on, as on the hosted service: the SDK trades its key for a JWT of this server
+# (auth_tokens.py), which is what `RestClient.whoami()` reads. retrieve_futures and
+# join_sampling_session are served but not asked for by default (the SDK's defaults); a server
+# can turn them on with `client_config` overrides.
 DEFAULT_CLIENT_CONFIG: dict[str, Any] = {
+    "pjwt_auth_enabled": True,
     "use_pyqwest_transport": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,
@@ -107,6 +116,12 @@ class Service:
             restore(self.state, self.store)
         self.worker = EngineWorker(make_engine)
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The SDK surface beyond the core calls: signed URLs and auth JWTs, the audit log,
+        # request spans (session traces, usage), sampling completion queues.
+        self.signer = Signer.beside(self.settings.database)
+        self.audit = AuditLog(self.store)
+        self.trace = RequestTrace()
+        self.completions = CompletionQueues()
 
     def start_worker(self, timeout_s: float | None = None) -> None:
         self.worker.start(timeout_s)

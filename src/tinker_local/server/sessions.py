@@ -16,6 +16,8 @@ from typing import Any
 from tinker import types
 
 from tinker_local.engine.contract import Engine
+from tinker_local.server import checkpoint_flags
+from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import user_failure
 from tinker_local.server.service import Service
 from tinker_local.server.state import Session, remember
@@ -26,11 +28,19 @@ SWEEP_EVERY_S = 30.0
 
 
 def create_session(svc: Service, req: types.CreateSessionRequest) -> dict[str, Any]:
+    for name, value in (("project_id", req.project_id), ("display_name", req.display_name)):
+        if value is not None and not value.strip():
+            raise ApiError(400, f"create_session: {name} must not be blank")
     session = svc.state.new_session(req.user_metadata)
+    session.project_id, session.display_name = req.project_id, req.display_name
     if svc.store is not None:
         svc.store.add_session(
             session.session_id, session.owner, session.user_metadata, session.created_at
         )
+        svc.store.describe_session(session.session_id, req.project_id, req.display_name)
+    svc.audit.record(
+        session.owner, "session_create", session_id=session.session_id, project_id=req.project_id
+    )
     logger.info("session %s created (sdk %s)", session.session_id, req.sdk_version)
     return {"type": "create_session", "session_id": session.session_id}
 
@@ -51,6 +61,7 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
     session.finished = reason
     if svc.store is not None:
         svc.store.finish_session(session.session_id, reason)
+    svc.audit.record(session.owner, "session_finish", session_id=session.session_id, reason=reason)
     model_ids = list(session.model_ids)
     sampler_ids = list(session.sampler_ids)
     why = f"its session {session.session_id} finished ({reason})"
@@ -116,5 +127,6 @@ async def sweep_forever(svc: Service) -> None:
         await asyncio.sleep(every)
         try:
             expire_silent_sessions(svc)
+            await asyncio.to_thread(checkpoint_flags.delete_expired, svc.settings.checkpoints_dir())
         except Exception:
             logger.exception("session sweep failed")

@@ -61,6 +61,10 @@ class Session:
     finished: str | None = None  # the finish reason, once finished
     model_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
+    project_id: str | None = None
+    display_name: str | None = None
+    # The client counters handed out by join_sampling_session, per sampler (0 is the original).
+    sampler_clients: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,6 +121,8 @@ class ServerState:
         # loads in flight (see restore_samplers.py).
         self.restorable_samplers: dict[str, StoredSampler] = {}
         self.sampler_restores: dict[str, asyncio.Task[None]] = {}
+        # (owner, session_id) -> the session's last exported trace (session_views.py).
+        self.traces: dict[tuple[str, str], bytes] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:
         session = Session(new_session_id(), user_metadata)
@@ -174,6 +180,8 @@ def restore(state: ServerState, store: Store) -> None:
             stored.user_metadata,
             owner=stored.owner,
             created_at=stored.created_at,
+            project_id=stored.project_id,
+            display_name=stored.display_name,
         )
     state.lost_models = store.model_owners()
     # Loaded back into the engine on first use (restore_samplers.py), not all at start.

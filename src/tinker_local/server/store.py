@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS samplers (
 CREATE TABLE IF NOT EXISTS futures (
     request_id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL,
     state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+    owner TEXT NOT NULL, event TEXT NOT NULL, details TEXT NOT NULL, time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_owner_time ON audit (owner, time);
 """
 
 # Futures and their results are kept this long (a week), then dropped at the next start.
@@ -80,11 +83,24 @@ class StoredSampler:
 
 
 @dataclass(frozen=True)
+class SessionRow:
+    session_id: str
+    owner: str
+    user_metadata: dict[str, Any] | None
+    created_at: float
+    finished: str | None
+    project_id: str | None
+    display_name: str | None
+
+
+@dataclass(frozen=True)
 class StoredSession:
     session_id: str
     owner: str
     user_metadata: dict[str, Any] | None
     created_at: float
+    project_id: str | None = None
+    display_name: str | None = None
 
 
 class Store:
@@ -103,6 +119,10 @@ class Store:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(samplers)")}
         if "kind" not in columns:
             self._db.execute("ALTER TABLE samplers ADD COLUMN kind TEXT")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
+        for column in ("project_id", "display_name"):
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -130,10 +150,10 @@ class Store:
 
     def open_sessions(self) -> list[StoredSession]:
         rows = self._run(
-            "SELECT session_id, owner, user_metadata, created_at FROM sessions "
-            "WHERE finished IS NULL"
+            "SELECT session_id, owner, user_metadata, created_at, project_id, display_name "
+            "FROM sessions WHERE finished IS NULL"
         )
-        return [StoredSession(r[0], r[1], _loads(r[2]), r[3]) for r in rows]
+        return [StoredSession(r[0], r[1], _loads(r[2]), r[3], r[4], r[5]) for r in rows]
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -141,18 +161,37 @@ class Store:
         self, session_id: str, owner: str, user_metadata: Any, created_at: float
     ) -> None:
         self._run(
-            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, NULL)",
+            "INSERT OR REPLACE INTO sessions (session_id, owner, user_metadata, created_at, "
+            "finished) VALUES (?, ?, ?, ?, NULL)",
             (session_id, owner, _dumps(user_metadata), created_at),
         )
 
     def finish_session(self, session_id: str, reason: str) -> None:
         self._run("UPDATE sessions SET finished = ? WHERE session_id = ?", (reason, session_id))
 
+    def describe_session(
+        self, session_id: str, project_id: str | None, display_name: str | None
+    ) -> None:
+        self._run(
+            "UPDATE sessions SET project_id = ?, display_name = ? WHERE session_id = ?",
+            (project_id, display_name, session_id),
+        )
+
+    def add_audit(self, owner: str, event: str, details: dict[str, Any], at: float) -> None:
+        try:
+            self._run(
+                "INSERT INTO audit (owner, event, details, time) VALUES (?, ?, ?, ?)",
+                (owner, event, _dumps(details), at),
+            )
+        except sqlite3.Error as exc:  # e.g. closed at shutdown
+            logger.warning("could not store audit event %s: %s", event, exc)
+
     def add_model(
         self, model_id: str, session_id: str, owner: str, base_model: str, metadata: Any
     ) -> None:
         self._run(
-            "INSERT OR REPLACE INTO models VALUES (?, ?, ?, ?, NULL, ?, ?)",
+            "INSERT OR REPLACE INTO models (model_id, session_id, owner, base_model, lora_rank, "
+            "user_metadata, created_at) VALUES (?, ?, ?, ?, NULL, ?, ?)",
             (model_id, session_id, owner, base_model, _dumps(metadata), time.time()),
         )
 
@@ -182,7 +221,8 @@ class Store:
 
     def add_future(self, request_id: str, owner: str, kind: str) -> None:
         self._run(
-            "INSERT OR IGNORE INTO futures VALUES (?, ?, ?, 'pending', NULL, NULL, ?)",
+            "INSERT OR IGNORE INTO futures (request_id, owner, kind, state, media_type, body, "
+            "created_at) VALUES (?, ?, ?, 'pending', NULL, NULL, ?)",
             (request_id, owner, kind, time.time()),
         )
 
@@ -215,6 +255,34 @@ class Store:
             "FROM samplers s JOIN sessions USING (session_id) WHERE sessions.finished IS NULL"
         )
         return [StoredSampler(*row) for row in rows]
+
+    def sessions_of(self, owner: str) -> list[SessionRow]:
+        """Every session of `owner`, finished or not, from every process on this store."""
+        rows = self._run(
+            "SELECT session_id, owner, user_metadata, created_at, finished, project_id, "
+            "display_name FROM sessions WHERE owner = ?",
+            (owner,),
+        )
+        return [SessionRow(r[0], r[1], _loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
+
+    def session_members(self, session_id: str) -> tuple[list[str], list[str]]:
+        """(model ids, sampler ids) a session created, in every process."""
+        models = self._run(
+            "SELECT model_id FROM models WHERE session_id = ? ORDER BY created_at", (session_id,)
+        )
+        samplers = self._run(
+            "SELECT sampler_id FROM samplers WHERE session_id = ? ORDER BY created_at",
+            (session_id,),
+        )
+        return [r[0] for r in models], [r[0] for r in samplers]
+
+    def audit_events(self, owner: str, start: float, end: float) -> list[tuple[str, Any, float]]:
+        rows = self._run(
+            "SELECT event, details, time FROM audit WHERE owner = ? AND time >= ? AND time < ? "
+            "ORDER BY time",
+            (owner, start, end),
+        )
+        return [(r[0], _loads(r[1]), r[2]) for r in rows]
 
     def runs(self, owner: str) -> dict[str, StoredRun]:
         rows = self._run(

@@ -14,8 +14,8 @@ from pathlib import Path
 from tinker import types
 
 from tinker_local.engine.contract import Engine, ModelInfo, read_checkpoint_meta
-from tinker_local.server import paths
-from tinker_local.server.access import write_run_owner
+from tinker_local.server import checkpoint_flags, paths
+from tinker_local.server.access import current_owner, write_run_owner
 from tinker_local.server.errors import ApiError, UserError
 from tinker_local.server.futures import FutureRecord, WireResult, json_result
 from tinker_local.server.service import Service
@@ -33,7 +33,7 @@ _EXISTS = (
 )
 
 
-def _save_into(
+def save_into(
     directory: Path, overwrite: bool, owner: str, write: Callable[[Path], None]
 ) -> None:
     """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
@@ -53,6 +53,28 @@ def _save_into(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _created(svc: Service, model: TrainingModel, target: paths.CheckpointPath, kind: str) -> None:
+    # A checkpoint saved again under its name starts with no flags (no TTL, not published).
+    checkpoint_flags.forget(target.directory(svc.settings.checkpoints_dir()).parent.parent,
+                            f"{target.kind}/{target.name}")
+    svc.audit.record(
+        model.owner,
+        "checkpoint_create",
+        tinker_path=target.uri,
+        training_run_id=model.model_id,
+        checkpoint_type=kind,
+    )
+
+
+def read_audited(svc: Service, uri: str, purpose: str) -> None:
+    """An audit event for a checkpoint read (loads, samplers from a path, copies)."""
+    run_id = uri[len(paths.SCHEME) :].split("/", 1)[0]
+    svc.audit.record(
+        current_owner(), "checkpoint_read", tinker_path=uri, training_run_id=run_id,
+        purpose=purpose,
+    )
+
+
 def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
     model = svc.state.model(req.model_id)
 
@@ -62,17 +84,18 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
         target = paths.CheckpointPath(model.model_id, "weights", paths.check_name(req.path))
         directory = target.directory(svc.settings.checkpoints_dir())
         if directory.exists() and not req.overwrite:
-            # Refused now (a 4xx); `_save_into` checks again for a save queued just before.
+            # Refused now (a 4xx); `save_into` checks again for a save queued just before.
             raise UserError(_EXISTS.format(name=directory.name))
 
         def job(engine: Engine) -> WireResult:
             check_created(model)
-            _save_into(
+            save_into(
                 directory,
                 req.overwrite,
                 model.owner,
                 lambda tmp: engine.save_state(model.model_id, tmp, with_optimizer=True),
             )
+            _created(svc, model, target, "training")
             return json_result({"type": "save_weights", "path": target.uri})
 
         return Job(job)
@@ -92,12 +115,13 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
         def job(engine: Engine) -> WireResult:
             check_created(model)
             # No overwrite flag exists for sampler weights: a repeated name replaces the old one.
-            _save_into(
+            save_into(
                 directory,
                 True,
                 model.owner,
                 lambda tmp: engine.save_sampler_weights(model.model_id, tmp),
             )
+            _created(svc, model, target, "sampler")
             return json_result({"type": "save_weights_for_sampler", "path": target.uri})
 
         return Job(job)
@@ -178,9 +202,10 @@ def _load_source(svc: Service, uri: str, with_optimizer: bool) -> tuple[paths.Ch
     if with_optimizer and source.kind != "weights":
         raise ApiError(
             400,
-            f"{uri} holds sampler weights, which have no optimizer state; load a "
-            "tinker://.../weights/... checkpoint saved with save_state",
+            f"{uri} holds {source.kind.replace('_', ' ')}, which have no optimizer state; load "
+            "a tinker://.../weights/... checkpoint saved with save_state",
         )
+    read_audited(svc, uri, "load_weights")
     return source, directory
 
 

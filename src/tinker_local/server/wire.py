@@ -19,6 +19,7 @@ from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 
+from tinker_local.server import chunk_kinds
 from tinker_local.server.errors import ApiError, UserError
 
 # Decompressed forward_backward bodies larger than this are refused (a zip-bomb guard).
@@ -36,6 +37,18 @@ _STOP_REASON_TO_PROTO = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_L
 
 
 # -- forward_backward requests -------------------------------------------------------------------
+
+
+class NonTextChunk(UserError):
+    """An image or audio chunk in a datum; the route names the model (`for_model`) once it
+    knows it."""
+
+    def __init__(self, where: str, kind: str | None) -> None:
+        self.where, self.kind = where, kind
+        super().__init__(chunk_kinds.refusal(where, kind, "this model"))
+
+    def for_model(self, base_model: str) -> UserError:
+        return UserError(chunk_kinds.refusal(self.where, self.kind, base_model))
 
 
 def decompress(body: bytes, content_encoding: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -95,10 +108,7 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
     for c, chunk in enumerate(msg.model_input):
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
-            raise UserError(
-                f"datum {index}: model_input chunk {c} is {kind or 'empty'}; "
-                "tinker-local only supports token (encoded_text) chunks"
-            )
+            raise NonTextChunk(f"datum {index}: model_input chunk {c}", kind)
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
             raise UserError(f"datum {index}: model_input chunk {c} has a partial int32 token")
@@ -287,7 +297,37 @@ def encode_sample_response(
         if prompt_logprobs_last_n is not None:
             topk_prompt = _mask_topk_prefix(topk_prompt, prompt_logprobs_last_n)
         msg.topk_prompt_logprobs.CopyFrom(_topk_to_proto(topk_prompt))
+    # Neither is cut by prompt_logprobs_last_n (the SDK documents that it does not apply).
+    if response.target_prompt_logprobs is not None:
+        msg.target_prompt_logprobs.CopyFrom(_tensor_to_proto(response.target_prompt_logprobs))
+    if response.prompt_alt_tokens is not None:
+        msg.prompt_alt_tokens.tokens.CopyFrom(_tensor_to_proto(response.prompt_alt_tokens.tokens))
+        msg.prompt_alt_tokens.logprobs.CopyFrom(
+            _tensor_to_proto(response.prompt_alt_tokens.logprobs)
+        )
     return msg.SerializeToString()
+
+
+def _tensor_to_proto(tensor: types.TensorData) -> pb.Tensor:
+    """A dense or sparse-CSR TensorData as the public proto `Tensor` (the SDK's
+    `response_conv._tensor_data_from_proto` reads it back)."""
+    if tensor.dtype not in _DTYPE_TO_PROTO:
+        raise RuntimeError(f"cannot encode a {tensor.dtype} tensor")
+    sparse = tensor.sparse_crow_indices is not None
+    raw = np.asarray(tensor.data) if sparse else tensor.to_numpy()  # sparse: listed values only
+    values = np.ascontiguousarray(raw, dtype=_NUMPY_FOR[tensor.dtype]).ravel()
+    msg = pb.Tensor(dtype=_DTYPE_TO_PROTO[tensor.dtype], shape=list(tensor.shape or []))
+    if sparse:
+        msg.sparse_csr.CopyFrom(
+            pb.SparseCsr(
+                values=values.tobytes(),
+                crow_indices=np.asarray(tensor.sparse_crow_indices, dtype=np.int64).tobytes(),
+                col_indices=np.asarray(tensor.sparse_col_indices or [], dtype=np.int64).tobytes(),
+            )
+        )
+    else:
+        msg.dense = values.tobytes()
+    return msg
 
 
 def _prompt_logprobs_array(response: types.SampleResponse) -> np.ndarray | None:

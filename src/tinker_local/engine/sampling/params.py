@@ -16,11 +16,12 @@ from typing import Protocol
 
 from tinker import types
 
+from tinker_local.engine.sampling.prompt_extras import PromptTargets, check_alt_k, check_targets
+from tinker_local.engine.sampling.sampling_error import SamplingError
+
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
-
-
-class SamplingError(ValueError):
-    """A sampling request the sampler refuses; the message names the field."""
+# Draws per prompt position for prompt_alt_tokens_k (the server's own bound is the same).
+MAX_PROMPT_ALT_K = 1024
 
 
 class Asked(Protocol):
@@ -36,6 +37,10 @@ class Asked(Protocol):
     def topk_prompt_logprobs(self) -> int: ...
     @property
     def topk_sample_logprobs(self) -> int: ...
+    @property
+    def target_prompt_logprobs(self) -> types.TensorData | None: ...
+    @property
+    def prompt_alt_tokens_k(self) -> int: ...
 
 
 @dataclass
@@ -45,7 +50,8 @@ class GenRequest:
     adapter_name None samples the bare base model. `prompt_logprobs` asks for the logprob of
     every prompt token given the tokens before it (the first is None); `topk_prompt_logprobs`
     for the k most likely tokens at every prompt position; `topk_sample_logprobs` for the k
-    most likely tokens at every generated position (the SDK's `SampledSequence.topk_logprobs`).
+    most likely tokens at every generated position (the SDK's `SampledSequence.topk_logprobs`);
+    `target_prompt_logprobs` / `prompt_alt_tokens_k` as in `prompt_extras.py`.
     """
 
     prompt: list[int]
@@ -55,6 +61,8 @@ class GenRequest:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    target_prompt_logprobs: types.TensorData | None = None
+    prompt_alt_tokens_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,18 @@ class ValidRequest:
     prompt_logprobs: bool
     topk_prompt_logprobs: int
     topk_sample_logprobs: int
+    targets: PromptTargets | None = None  # target_prompt_logprobs, validated
+    alt_k: int = 0  # prompt_alt_tokens_k
+
+    @property
+    def wants_prompt_scores(self) -> bool:
+        """Whether the prefill must keep logits at every prompt position."""
+        return (
+            self.prompt_logprobs
+            or self.topk_prompt_logprobs > 0
+            or self.targets is not None
+            or self.alt_k > 0
+        )
 
 
 def validate_request(
@@ -133,6 +153,13 @@ def validate_request(
         prompt_logprobs=bool(req.prompt_logprobs),
         topk_prompt_logprobs=int(req.topk_prompt_logprobs),
         topk_sample_logprobs=int(req.topk_sample_logprobs),
+        targets=check_targets(
+            getattr(req, "target_prompt_logprobs", None),
+            len(prompt),
+            limits.vocab_size,
+            max_distinct=limits.vocab_size,
+        ),
+        alt_k=check_alt_k(getattr(req, "prompt_alt_tokens_k", 0), len(prompt), MAX_PROMPT_ALT_K),
     )
 
 

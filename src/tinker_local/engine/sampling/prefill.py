@@ -41,6 +41,9 @@ class PromptKey:
 class PromptScores:
     logprobs: np.ndarray | None  # [P] float32, NaN at 0
     topk: TopkLogprobs | None
+    # The prompt's logits [P, V], kept only until the requests of the prefill have read their
+    # per-request scores (target ids, alternative tokens) off them; then dropped.
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -123,6 +126,7 @@ def run_prefill(
         for i in range(n):
             row_logits = logits[i, width - lengths[i] :]
             scores[i] = score_prompt(row_logits, keys[i].prompt, topk[i])
+            scores[i].logits = row_logits
         last = logits[:, -1]
     else:
         last = logits

@@ -27,6 +27,7 @@ from tinker_local.engine.sampling.prefill import (
     plan_groups,
     run_prefill,
 )
+from tinker_local.engine.sampling.prompt_extras import alt_tokens, target_logprobs
 from tinker_local.engine.sampling.runner import ModelRunner
 from tinker_local.engine.sampling.selection import RowControls, select_tokens
 from tinker_local.engine.sampling.stops import Decoder, StringStopMatcher
@@ -40,6 +41,8 @@ class RequestState:
     key: PromptKey
     samples: list[Row | None] = field(default_factory=list)
     scores: PromptScores | None = None
+    targets: types.TensorData | None = None  # target_prompt_logprobs' answer
+    alt_tokens: types.PromptAltTokens | None = None  # prompt_alt_tokens_k's answer
     response: types.SampleResponse | None = None
 
     def finish_row(self, row: Row) -> bool:
@@ -107,7 +110,7 @@ class Scheduler:
         topk = {k: 0 for k in keys}
         for s in states:
             r = s.request
-            wants[s.key] |= r.prompt_logprobs or r.topk_prompt_logprobs > 0
+            wants[s.key] |= r.wants_prompt_scores
             topk[s.key] = max(topk[s.key], r.topk_prompt_logprobs)
         done: list[RequestState] = []
         joining: list[NewRows] = []
@@ -132,9 +135,13 @@ class Scheduler:
         for s in states:
             scores = group.scores[index[s.key]]
             s.scores = scores
+            _score_extras(s)
             for j in range(s.request.num_samples):
                 rows.append(self._new_row(s, j))
                 source.append(index[s.key])
+        for scores in group.scores:
+            if scores is not None:
+                scores.logits = None  # read by every request of the group: free it
         src = torch.tensor(source, device=group.last_logits.device)
         controls = _controls(rows, states, group.last_logits.device)
         selection = select_tokens(
@@ -186,6 +193,19 @@ class Scheduler:
             adapter=r.adapter,
             top_k=r.topk_sample_logprobs,
         )
+
+
+def _score_extras(state: RequestState) -> None:
+    """The request's target-id logprobs and alternative-token draws, off its prompt's logits."""
+    r = state.request
+    if r.targets is None and not r.alt_k:
+        return
+    assert state.scores is not None and state.scores.logits is not None
+    logits = state.scores.logits[:-1].float()  # row i predicts prompt token i + 1
+    if r.targets is not None:
+        state.targets = target_logprobs(torch.log_softmax(logits, dim=-1), r.targets)
+    if r.alt_k:
+        state.alt_tokens = alt_tokens(logits, r.alt_k, r.temperature, r.seed)
 
 
 def _controls(rows: list[Row], states: list[RequestState], device: torch.device) -> RowControls:
@@ -246,4 +266,6 @@ def _response(state: RequestState) -> types.SampleResponse:
         sequences=sequences,
         prompt_logprobs_np=scores.logprobs if (r.prompt_logprobs and scores) else None,
         topk_prompt_logprobs_np=topk,
+        target_prompt_logprobs=state.targets,
+        prompt_alt_tokens=state.alt_tokens,
     )
