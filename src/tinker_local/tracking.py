@@ -24,6 +24,8 @@ import json
 import logging
 import math
 import os
+import secrets
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +116,7 @@ class Tracker:
         s = self.settings
         path = self.dir / WANDB_RUN_FILE
         saved = json.loads(path.read_text()) if path.is_file() else {}
-        run_id = saved.get("id") or wandb.util.generate_id()
+        run_id = saved.get("id") or _new_run_id()
         name = s.wandb_name or saved.get("name") or self.dir.resolve().name
         # Written before init: a run killed while W&B starts still resumes the same id.
         _write_json(path, {"id": run_id, "project": s.wandb_project, "name": name})
@@ -212,6 +214,12 @@ def _import_summary_writer() -> Any:
                 'installed: pip install -e ".[tensorboard]" (or pip install tensorboardX)'
             ) from None
     return SummaryWriter
+
+
+def _new_run_id() -> str:
+    """Eight lowercase letters and digits, the shape of the ids W&B makes itself."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
 def _write_json(path: Path, data: Any) -> None:

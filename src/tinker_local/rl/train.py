@@ -159,6 +159,7 @@ class Trainer:
             if self.on_step is not None and final_eval:
                 self.on_step(steps_done, final_eval)
             final_record = await self.save(steps_done, final=True)
+            self.log.tracker.summary({**self.last_eval, "steps_done": steps_done})
         finally:
             await source.close()
             self.log.plot()

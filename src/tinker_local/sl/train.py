@@ -323,6 +323,10 @@ class SFTRun:
         self.log.save_state(self.state)
         self._after_save()
         result = self._result()
+        best_loss = self.state.best.val_loss if self.state.best else None
+        self.log.tracker.summary(
+            {"steps": result.steps, **({"best_val_loss": best_loss} if best_loss is not None else {})}
+        )
         write_json_atomically(
             self.log.result_file,
             {
