@@ -74,8 +74,8 @@ Checkpoints and their retention
   marks them `deleted`). `keep_best=0`: K >= 1 also keeps the K periodic checkpoints with the
   best greedy evaluation at their step (`eval/success_rate` when the task reports a verdict,
   else `eval/reward`), so `save_every` must be a multiple of `eval_every`. Setting either turns
-  retention on; the newest checkpoint (the one a resume needs) and the final one are never
-  deleted. The checkpoints' disk use is in `run_metadata.json` (`checkpoints`).
+  retention on (`keep_best` alone: the K best and the newest stay); the newest checkpoint (the
+  one a resume needs) and the final one are never deleted. The checkpoints' disk use is in `run_metadata.json` (`checkpoints`).
 
 Tracking
 - `wandb_project=None`, `wandb_name=None` (default: the log dir's name), `wandb_group=None`,
