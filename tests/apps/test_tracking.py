@@ -16,9 +16,11 @@ import pytest
 from tinker_local import config
 
 pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[tracking]')")
-pytest.importorskip("tensorboardX", reason="tensorboardX is not installed (pip install -e '.[tracking]')")
+pytest.importorskip(
+    "tensorboardX", reason="tensorboardX is not installed (pip install -e '.[tracking]')"
+)
 
-from tracking_files import offline_runs, tensorboard_scalars, tensorboard_texts  # noqa: E402
+from tracking_files import offline_runs, tensorboard_scalars, tensorboard_texts
 
 TINY = config.TINY_TEST_MODEL
 

@@ -124,6 +124,12 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-keys-file", default=None, help="file with one accepted API key per line"
     )
+    parser.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="fetch a Hugging Face hub model this machine lacks when a client first asks for "
+        "it (as `tinker-local models pull` does; other work waits meanwhile)",
+    )
     _limit_args(parser)
     _engine_args(parser)
     return parser
@@ -154,6 +160,9 @@ def serve_main(argv: list[str]) -> int:
         settings = serve_settings(args, keys)
     except ValueError as exc:
         parser.error(str(exc))
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if args.allow_download and offline:
+        parser.error("--allow-download needs the hub, but HF_HUB_OFFLINE is set; unset it")
     home_lock = _lock_home()
     if home_lock is None:
         print(
@@ -163,9 +172,10 @@ def serve_main(argv: list[str]) -> int:
         )
         return 1
     try:
-        server = LocalServer(
-            engine_factory(device=args.device, dtype=args.dtype), settings, args.host, args.port
+        factory = engine_factory(
+            device=args.device, dtype=args.dtype, allow_download=args.allow_download
         )
+        server = LocalServer(factory, settings, args.host, args.port)
     except OSError as exc:
         print(
             f"tinker-local serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
