@@ -35,7 +35,17 @@ def _parse_bool(text: str) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+def _count_or_bool(text: str) -> int:
+    """`--keep-best 2`, or the older `--keep-best true/false` (1/0)."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "false", "no", "off"):
+        return int(_parse_bool(value))
+    return int(value)
+
+
 def _flag_type(field: dataclasses.Field) -> Any:
+    if field.name == "keep_best":
+        return _count_or_bool
     hints = typing.get_type_hints(SFTConfig)
     hint = hints[field.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
