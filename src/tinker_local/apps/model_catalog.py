@@ -69,7 +69,10 @@ def _row(name: str) -> str:
     else:
         folder, where = cached_snapshot(name), "Hugging Face cache"
     assert folder is not None
-    params = human_count(parameter_count(folder))
+    try:
+        params = human_count(parameter_count(folder))
+    except (OSError, ValueError, KeyError):  # a config transformers cannot build: still listed
+        params = "?"
     dtype = stored_dtype(folder) or "?"
     return f"{name:<44} {params:>7}  {dtype:<9} {human_bytes(disk_bytes(folder)):>9}  {where}, at {folder}"
 
