@@ -75,7 +75,7 @@ def _eval() -> Main:
 SUBCOMMANDS: dict[str, tuple[Callable[[], Main], str]] = {
     "serve": (_serve, "run the tinker-local HTTP server"),
     "run": (_run, "run an unmodified hosted-Tinker script against an embedded server"),
-    "models": (_models, "list the models this machine can serve"),
+    "models": (_models, "list the models this machine can serve; `models pull ORG/NAME` fetches one"),
     "export": (_export, "merge a LoRA checkpoint into a full Hugging Face model folder"),
     "rl": (_rl, "RL training (GRPO/PPO) on a task"),
     "tasks": (_tasks, "list the built-in tasks"),

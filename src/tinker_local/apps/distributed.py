@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = serve_parser()
     parser.prog = "python -m tinker_local.apps.distributed"
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.allow_download:  # every rank would need the files before the group forms
+        parser.error("--allow-download serves one process only: run `tinker-local models pull "
+                     "NAME` on every machine first, then start the group")
     _setup_logging(args.log_level)
     from tinker_local.engine.distributed.group import GroupSettings, init_group, leave_group
 

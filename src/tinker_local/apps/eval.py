@@ -3,8 +3,11 @@
     tinker-local eval --model base=HuggingFaceTB/SmolLM2-135M-Instruct \\
         --model sft=tinker://RUN/sampler_weights/final --tasks arithmetic sat -n 100 --out runs/eval
     tinker-local eval --compare runs/a/report.json runs/b/report.json --out runs/both
+    tinker-local eval ... --out runs/eval --wandb-project my-evals --tensorboard
 
-Writes report.json, report.md (printed too), report.png and transcripts.jsonl to --out.
+Writes report.json, report.md (printed too), report.png and transcripts.jsonl to --out; with
+--wandb-project / --tensorboard, also each model's and task's numbers and the table (the W&B
+run id is kept in --out, so evaluating into the same folder again continues that run).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
+from tinker_local.apps.tracking_args import add_tracking_args, tracking_settings
 from tinker_local.eval.report import (
     ModelEval,
     Transcript,
@@ -23,6 +27,8 @@ from tinker_local.eval.report import (
 )
 from tinker_local.eval.runner import EvalConfig, evaluate_models
 from tinker_local.eval.task_items import load_items
+from tinker_local.eval.tracked import track_results
+from tinker_local.tracking import Tracker
 
 
 def parse_model(spec: str) -> tuple[str, str]:
@@ -55,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", nargs="+", type=Path, default=[], help="earlier report.json files")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_tracking_args(p)
     return p
 
 
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if not models and not args.compare:
             raise ValueError("nothing to do: give --model and --tasks, or --compare")
         results: list[ModelEval] = [m for path in args.compare for m in load_report(path)]
+        tracking = tracking_settings(args)
     except (ValueError, OSError) as e:
         print(f"tinker-local eval: {e}", file=sys.stderr)
         return 2
@@ -93,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # different task sets, duplicate labels
         print(f"tinker-local eval: {e}", file=sys.stderr)
         return 2
+    if tracking.enabled:
+        run_config = {**vars(config), "models": dict(models), "tasks": args.tasks, "n": args.n}
+        tracker = Tracker(args.out, tracking, config=run_config, job_type="eval")
+        try:
+            track_results(tracker, results)
+        finally:
+            tracker.close()
     print(markdown_table(results))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

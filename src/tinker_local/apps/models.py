@@ -1,4 +1,5 @@
-"""`tinker-local models` and `tinker-local export`: the engine's command-line entry points."""
+"""`tinker-local export` (and `tinker-local models`, from `model_catalog.py`): the engine's
+command-line entry points."""
 
 from __future__ import annotations
 
@@ -10,14 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tinker_local.engine import builtin
-from tinker_local.engine.models import (
-    TOKENIZER_SNAPSHOT_FILES,
-    available_models,
-    cached_snapshot,
-    load_base,
-    resolve_dtype,
-)
+from tinker_local.apps.model_catalog import models_main  # noqa: F401 - the command's home
+from tinker_local.engine.models import TOKENIZER_SNAPSHOT_FILES, load_base, resolve_dtype
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -27,29 +22,6 @@ EXPORT_META = "tinker_local_export.json"
 
 class ExportError(ValueError):
     """A checkpoint or output folder that `export` cannot use."""
-
-
-# ---------------------------------------------------------------------------------------------
-# tinker-local models
-
-
-def models_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tinker-local models", description="List the models this machine can serve, offline."
-    )
-    parser.parse_args(argv)
-    for name in available_models():
-        print(f"{name:<48} {_describe(name)}")
-    print("\nAny local Hugging Face model folder can also be used by passing its path.")
-    return 0
-
-
-def _describe(name: str) -> str:
-    if name in builtin.builtin_names():
-        if builtin.is_built(name):
-            return f"built-in, at {builtin.folder_for(name)}"
-        return "built-in, prepared on first use"
-    return f"Hugging Face cache, at {cached_snapshot(name)}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ pipeline.json (every section but `log_dir` optional; unknown keys are errors):
       "sft": {"epochs": 1, "batch_size": 16, ...},          # SFTConfig fields
       "rl": {"task": "sat:0.4,abduction:0.3,deduction:0.3",  # a task or a mixture
              "task_options": {"sat.n": 400}, "max_steps": 20, ...},   # + RLConfig fields
-      "eval": {"tasks": ["arithmetic"], "n": 100, ...}       # EvalConfig fields + tasks, n, split
+      "eval": {"tasks": ["arithmetic"], "n": 100, ...},      # EvalConfig fields + tasks, n, split
+      "tracking": {"wandb_project": "p", "wandb_name": "n", "tensorboard": true}   # optional
     }
 
 SFT trains on `sft.data`, or on what `collect` writes from the tasks' training splits: verified
@@ -24,6 +25,12 @@ model (`judge`: "rule" or a model the server serves; also `rounds`, `max_tokens`
 RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer. Every
 stage writes under `log_dir` (`collect/`, `sft/`, `rl/`, `eval/`) and resumes from there, so
 running the same command again continues an interrupted pipeline.
+
+Tracking (`tracking`, or the flags --wandb-project / --wandb-name / --tensorboard, which win):
+each stage is its own W&B run, named `<name>-sft`, `<name>-rl`, `<name>-eval` (name: default
+the log dir's name) and grouped under `<name>`; TensorBoard event files go to each stage's
+folder (`tensorboard --logdir <log_dir>` shows them together). A stage's own `wandb_*` settings
+win over these.
 
 When a stage fails, the pipeline goes on: RL is skipped without an SFT checkpoint, and the final
 evaluation covers the base model and every stage that finished, naming the last good model
@@ -51,10 +58,12 @@ from tinker_local.apps.collect import (
 )
 from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client, tokenizer_for
 from tinker_local.apps.rl import datasets_for
+from tinker_local.apps.tracking_args import add_tracking_args
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import ModelEval, markdown_table, write_report
 from tinker_local.eval.runner import EvalConfig, evaluate_models
 from tinker_local.eval.task_items import load_items
+from tinker_local.eval.tracked import track_results
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run as train_rl
 from tinker_local.sl.collect import write_collection
@@ -62,10 +71,12 @@ from tinker_local.sl.config import SFTConfig
 from tinker_local.sl.debate_collect import write_debate_collection
 from tinker_local.sl.train import train as train_sft
 from tinker_local.tasks.mixture import DatasetsMaker, TaskMixture
+from tinker_local.tracking import Tracker, TrackingSettings, check_available
 
 logger = logging.getLogger(__name__)
 
-_SECTIONS = {"log_dir", "base_model", "preset", "collect", "sft", "rl", "eval"}
+_SECTIONS = {"log_dir", "base_model", "preset", "collect", "sft", "rl", "eval", "tracking"}
+_TRACKING_KEYS = {"wandb_project", "wandb_name", "tensorboard"}
 
 
 @dataclass
@@ -77,10 +88,33 @@ class PipelineConfig:
     sft: dict[str, Any] = field(default_factory=dict)
     rl: dict[str, Any] | None = None  # None skips RL (SFT then eval only)
     eval: dict[str, Any] = field(default_factory=dict)
+    tracking: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.preset is not None:
             presets.preset(self.preset)  # an unknown name fails here, naming it
+        unknown = sorted(set(self.tracking) - _TRACKING_KEYS)
+        if unknown:
+            raise ValueError(f"unknown tracking settings {unknown} (known: {sorted(_TRACKING_KEYS)})")
+
+    def stage_tracking(self, stage: str) -> TrackingSettings:
+        """W&B / TensorBoard settings of one stage: its own run, grouped under the pipeline's
+        name."""
+        t = self.tracking
+        name = t.get("wandb_name") or self.root.resolve().name
+        return TrackingSettings(
+            t.get("wandb_project"), f"{name}-{stage}", name, bool(t.get("tensorboard", False))
+        )
+
+    def _tracking_fields(self, stage: str) -> dict[str, Any]:
+        """The stage's tracking settings as SFTConfig / RLConfig fields (only those asked for)."""
+        s = self.stage_tracking(stage)
+        fields: dict[str, Any] = {"tensorboard": s.tensorboard} if s.tensorboard else {}
+        if s.wandb_project:
+            fields.update(
+                wandb_project=s.wandb_project, wandb_name=s.wandb_name, wandb_group=s.wandb_group
+            )
+        return fields
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> PipelineConfig:
@@ -105,6 +139,7 @@ class PipelineConfig:
         return SFTConfig.from_dict(
             {
                 **presets.sft_settings(self.preset),
+                **self._tracking_fields("sft"),
                 **settings,
                 "log_dir": str(self.root / "sft"),
                 "base_model": self.base_model,
@@ -132,6 +167,7 @@ class PipelineConfig:
         return RLConfig.from_dict(
             {
                 **presets.rl_settings(self.preset),
+                **self._tracking_fields("rl"),
                 **settings,
                 "log_dir": str(self.root / "rl"),
                 "base_model": self.base_model,
@@ -186,6 +222,7 @@ class PipelineConfig:
             self.rl_config(None)
             self.rl_task()
         self.eval_settings()
+        check_available(self.stage_tracking("eval"))
 
 
 def run_collect(cfg: PipelineConfig, service: tinker.ServiceClient) -> Path | None:
@@ -317,6 +354,7 @@ def run_pipeline(
     items = {name: load_items(name, n, split=split, seed=eval_config.seed) for name in tasks}
     results, transcripts = evaluate_models(service, models, items, eval_config)
     outcome = PipelineOutcome(results, stages, final=models[-1][0])
+    _track_eval(cfg, results, {**vars(eval_config), "models": dict(models), "tasks": tasks})
     write_report(
         cfg.root / "eval",
         results,
@@ -330,6 +368,17 @@ def run_pipeline(
     return outcome
 
 
+def _track_eval(cfg: PipelineConfig, results: list[ModelEval], run_config: dict) -> None:
+    tracking = cfg.stage_tracking("eval")
+    if not tracking.enabled:
+        return
+    tracker = Tracker(cfg.root / "eval", tracking, config=run_config, job_type="eval")
+    try:
+        track_results(tracker, results)
+    finally:
+        tracker.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tinker-local pipeline",
@@ -340,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="pipeline JSON file")
     parser.add_argument("--preset", help="a named preset (overrides the file's `preset`)")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_tracking_args(parser)
     args = parser.parse_args(argv)
     try:
         data = json.loads(args.config.read_text())
@@ -347,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             raise TypeError(f"{args.config}: a pipeline config must be a JSON object")
         if args.preset is not None:
             data["preset"] = args.preset
+        data["tracking"] = {**data.get("tracking", {}), **_tracking_flags(args)}
         cfg = PipelineConfig.from_dict(data)
         cfg.check()
         rl_datasets: DatasetsMaker | None = None
@@ -370,6 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     print(outcome.summary() + markdown_table(outcome.results))
     print(f"reports in {cfg.root / 'eval'}")
     return 1 if outcome.failed else 0
+
+
+def _tracking_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The tracking flags given (they override the config file's `tracking`)."""
+    flags = {"wandb_project": args.wandb_project, "wandb_name": args.wandb_name}
+    given = {k: v for k, v in flags.items() if v is not None}
+    return {**given, "tensorboard": True} if args.tensorboard else given
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks.debate import ModelJudge
 from tinker_local.tasks.debate_env import served_model_completion
 from tinker_local.tasks.mixture import DatasetsMaker, TaskMixture, split_options
+from tinker_local.tracking import check_available
 
 PROG = "tinker-local rl"
 
@@ -96,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
             shown = "runs/rl-<task>" if field.name == "log_dir" else "required"
         else:
             shown = repr(field.default)
+        switch = field.type in (bool, "bool")  # `--tensorboard` alone means true
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             type=_flag_type(field.name),
             default=None,
             help=f"default {shown}",
+            **({"nargs": "?", "const": True} if switch else {}),
         )
     return parser
 
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         mixture = TaskMixture.parse(args.task)
         options = split_options(args.task_option, mixture)
         cfg = config_from_args(args, mixture)
+        check_available(cfg.tracking())  # a missing tracker package: named now, not mid-run
     except (ValueError, TypeError, OSError) as error:
         return _fail(error)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -124,6 +124,12 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-keys-file", default=None, help="file with one accepted API key per line"
     )
+    parser.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="fetch a Hugging Face hub model this machine lacks when a client first asks for "
+        "it (as `tinker-local models pull` does; other work waits meanwhile)",
+    )
     _limit_args(parser)
     _engine_args(parser)
     _group_args(parser)
@@ -184,6 +190,9 @@ def serve_main(argv: list[str]) -> int:
     if distributed(args):
         from tinker_local.apps.launch import launch_serve
 
+        if args.allow_download:  # every rank would need the files before the group forms
+            parser.error("--allow-download serves one process only: run `tinker-local models "
+                         "pull NAME` on every machine first, then start the group")
         if args.nproc_per_node is None or args.nproc_per_node < 1 or args.nnodes < 1:
             parser.error("--nproc-per-node and --nnodes must be positive")
         try:
@@ -194,7 +203,10 @@ def serve_main(argv: list[str]) -> int:
         parser.error("--shard-base splits the base over ranks: add --nproc-per-node N (N >= 2)")
     from tinker_local.engine.factory import engine_factory
 
-    return serve_with(parser, args, engine_factory(device=args.device, dtype=args.dtype))
+    factory = engine_factory(
+        device=args.device, dtype=args.dtype, allow_download=args.allow_download
+    )
+    return serve_with(parser, args, factory)
 
 
 def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -218,6 +230,9 @@ def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
         from tinker_local.server.service import ServerSettings
 
         settings = ServerSettings()
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if args.allow_download and offline:
+        parser.error("--allow-download needs the hub, but HF_HUB_OFFLINE is set; unset it")
     home_lock = _lock_home() if args.run_url_file is None else True
     if home_lock is None:
         print(

@@ -22,6 +22,7 @@ from typing import Any
 from tinker_local import presets
 from tinker_local.apps.connect import service_client
 from tinker_local.sl.config import SFTConfig, load_config_file
+from tinker_local.tracking import check_available
 
 # Fields set by positional arguments or needing special handling.
 _SPECIAL = {"data", "log_dir", "val_data"}
@@ -34,7 +35,17 @@ def _parse_bool(text: str) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+def _count_or_bool(text: str) -> int:
+    """`--keep-best 2`, or the older `--keep-best true/false` (1/0)."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "false", "no", "off"):
+        return int(_parse_bool(value))
+    return int(value)
+
+
 def _flag_type(field: dataclasses.Field) -> Any:
+    if field.name == "keep_best":
+        return _count_or_bool
     hints = typing.get_type_hints(SFTConfig)
     hint = hints[field.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -67,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         kind = _flag_type(field)
         default = field.default
         # default=None so only flags actually given override the config file.
-        parser.add_argument(flag, type=kind, default=None, help=f"default {default!r}")
+        switch = {"nargs": "?", "const": True} if kind is _parse_bool else {}  # `--tensorboard`
+        parser.add_argument(flag, type=kind, default=None, help=f"default {default!r}", **switch)
     return parser
 
 
@@ -97,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
+        check_available(config.tracking())  # a missing tracker package: named before any work
     except (ValueError, TypeError, OSError) as e:
         print(f"tinker-local sft: {e}", file=sys.stderr)
         return 2

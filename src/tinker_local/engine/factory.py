@@ -4,6 +4,8 @@ Entry points (`tinker-local serve` / `run`, the embedded server) call it and han
 the server (`server.service.Service`), which calls it on its worker thread. The sampling backend
 is chosen here: "builtin" (the continuous-batching sampler) or "vllm"; None reads
 `config.sampler_backend()` (the TINKER_LOCAL_SAMPLER variable, or `--sampler`).
+`allow_download`: a hub model id not on this machine is pulled when first asked for
+(`hub_download.load_or_pull`) instead of being refused.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ import functools
 from typing import Any
 
 from tinker_local import config
-from tinker_local.engine import models, vllm_sampler
+from tinker_local.engine import hub_download, models, vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.sampling_service import ContinuousSampling, SamplingFactory
 
 
 def engine_factory(
-    *, device: str | None = None, dtype: str | None = None, sampler: str | None = None
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    sampler: str | None = None,
+    allow_download: bool = False,
 ) -> EngineFactory:
     """A factory of the torch `Engine` with the chosen sampling backend. A missing vLLM or bad
     vLLM settings fail here, at start (not on the worker thread, minutes later)."""
@@ -27,7 +33,12 @@ def engine_factory(
     if config.sampler_backend(sampler) == "vllm":
         vllm_sampler.check_installed()
         sampling = functools.partial(vllm_sampler.VllmSampling, args=vllm_sampler.llm_args())
-    return functools.partial(_serving_engine, device=device, dtype=dtype, sampling=sampling)
+    loader = None
+    if allow_download:
+        loader = functools.partial(hub_download.load_or_pull, device=device, dtype=dtype)
+    return functools.partial(
+        _serving_engine, device=device, dtype=dtype, sampling=sampling, loader=loader
+    )
 
 
 def _serving_engine(**engine_args: Any) -> Engine:

@@ -3,7 +3,8 @@
 Names, in the order they are tried:
 1. the built-ins (`config.DEFAULT_BASE_MODEL`, `config.TINY_TEST_MODEL`), built on first use;
 2. a path to a local Hugging Face model folder (absolute, relative or `~`);
-3. a model id already in the local Hugging Face hub cache. Nothing is ever downloaded.
+3. a model id already in the local Hugging Face hub cache. Nothing is downloaded here:
+   `hub_download.py` fetches models (`tinker-local models pull`, `serve --allow-download`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from tinker_local.engine import builtin
+from tinker_local.engine.model_cost import model_cost
 from tinker_local.engine.sampling.packed_linear import bf16_kernels_available
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,13 @@ def check_model_folder(folder: Path) -> Path:
         raise InvalidModelFolderError(f"{folder} has no config.json, so it is not a model folder")
     if not any((folder / f).is_file() for f in WEIGHT_FILES):
         raise InvalidModelFolderError(f"{folder} has no weights (looked for {list(WEIGHT_FILES)})")
+    missing = _missing_shards(folder)
+    if missing:
+        raise InvalidModelFolderError(
+            f"{folder} is incomplete: its weight index names {len(missing)} missing shard(s) "
+            f"({', '.join(missing[:3])}); an interrupted download? `tinker-local models pull` "
+            "continues one"
+        )
     if not any((folder / f).is_file() for f in TOKENIZER_VOCAB_FILES):
         raise InvalidModelFolderError(
             f"{folder} has no tokenizer (looked for {list(TOKENIZER_VOCAB_FILES)})"
@@ -190,6 +199,7 @@ def load_base(
             "bfloat16 on a CPU without bf16 matrix kernels (no AVX-512/AVX-NE-CONVERT): products "
             "take a slow path (batch-32 sampling measured ~5x slower than float32 on an AVX2 "
             "AMD EPYC). float32 is the CPU default.")
+    _log_cost(name, folder, resolved_dtype, resolved_device)
     model = _load_causal_lm(folder, resolved_dtype).to(resolved_device)
     model.eval()
     model.requires_grad_(False)
@@ -359,6 +369,18 @@ def _write_atomically(path: Path, text: str) -> None:
 # helpers
 
 
+def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    """What loading will cost (parameters, bytes in `dtype`, fits memory or not), said before
+    the weights are read: a model too big for the machine is named before it swaps or dies."""
+    try:
+        cost = model_cost(folder, dtype, device)
+    except (OSError, ValueError, KeyError) as error:  # an odd config: the load will say more
+        logger.info("loading %s (cost unknown: %s)", name, error)
+        return
+    level = logging.WARNING if cost.fits is False else logging.INFO
+    logger.log(level, "loading %s: %s", name, cost.describe())
+
+
 def _load_causal_lm(folder: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
@@ -373,6 +395,18 @@ def _load_causal_lm(folder: Path, dtype: torch.dtype):
             return AutoModelForCausalLM.from_pretrained(
                 folder, dtype=dtype, attn_implementation="eager", local_files_only=True
             )
+
+
+def _missing_shards(folder: Path) -> list[str]:
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        path = folder / index
+        if path.is_file():
+            try:
+                shards = set(json.loads(path.read_text()).get("weight_map", {}).values())
+            except (OSError, ValueError, AttributeError) as error:
+                raise InvalidModelFolderError(f"{path} is unreadable: {error}") from None
+            return sorted(s for s in shards if not (folder / s).is_file())
+    return []
 
 
 def _is_model_folder(folder: Path) -> bool:

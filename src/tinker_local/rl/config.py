@@ -65,6 +65,23 @@ Off-policy
 - `num_minibatches=1`: the batch is split into this many minibatches, each trained (and
   followed by an optimizer step) as soon as its groups have arrived.
 
+Checkpoints and their retention
+- `save_every=20`: a resumable checkpoint (weights + optimizer, `save_state`) every that many
+  steps, and a final one with sampler weights. `save_sampler_weights=False`: True saves sampler
+  weights with every periodic checkpoint too (to sample or evaluate it later; twice the disk).
+- `keep_last=None` keeps every checkpoint. K >= 1 keeps the K newest periodic checkpoints and
+  deletes the others through the REST API (the server's listing stays true; `checkpoints.jsonl`
+  marks them `deleted`). `keep_best=0`: K >= 1 also keeps the K periodic checkpoints with the
+  best greedy evaluation at their step (`eval/success_rate` when the task reports a verdict,
+  else `eval/reward`), so `save_every` must be a multiple of `eval_every`. Setting either turns
+  retention on (`keep_best` alone: the K best and the newest stay); the newest checkpoint (the
+  one a resume needs) and the final one are never deleted. The checkpoints' disk use is in `run_metadata.json` (`checkpoints`).
+
+Tracking
+- `wandb_project=None`, `wandb_name=None` (default: the log dir's name), `wandb_group=None`,
+  `tensorboard=False`:
+  see `tinker_local.tracking` (optional extras `.[wandb]`, `.[tensorboard]`).
+
 Debugging
 - `debug_dump=False`: True writes `debug/step-NNNNNN.parquet` each step, one row per token of
   every trained datum: tokens, the sampler's and the learner's logprobs, the per-token
@@ -80,6 +97,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
+from tinker_local.tracking import TrackingSettings
 
 LossFn = Literal["ppo", "importance_sampling", "cispo", "dro"]
 AdvantageEstimator = Literal["group", "gae"]
@@ -146,10 +164,15 @@ class RLConfig:
     eval_every: int = 20  # steps; 0 = only before the first and after the last step
     eval_max_tokens: int | None = None  # default: max_tokens
     save_every: int = 20  # steps; 0 = only the final checkpoint
+    save_sampler_weights: bool = False  # periodic checkpoints also save sampler weights
+    keep_last: int | None = None  # None keeps every checkpoint; K keeps the K newest
+    keep_best: int = 0  # K >= 1 also keeps the K best by the greedy evaluation
     transcripts_per_step: int = 2
     eval_transcripts: int = 8  # decoded evaluation episodes kept per evaluation
     wandb_project: str | None = None
-    tensorboard: bool = False
+    wandb_name: str | None = None  # default: the log dir's name
+    wandb_group: str | None = None  # W&B group (the pipeline groups its stages' runs)
+    tensorboard: bool = False  # event files in <log_dir>/tensorboard
     debug_dump: bool = False  # per-step parquet of the trained tokens (rl/debug_dump.py)
 
     def __post_init__(self) -> None:
@@ -189,6 +212,9 @@ class RLConfig:
             "save_every": self.save_every >= 0,
             "transcripts_per_step": self.transcripts_per_step >= 0,
             "eval_transcripts": self.eval_transcripts >= 0,
+            "keep_last": self.keep_last is None
+            or (isinstance(self.keep_last, int) and self.keep_last >= 1),
+            "keep_best": isinstance(self.keep_best, int) and self.keep_best >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -198,11 +224,29 @@ class RLConfig:
                 f"RLConfig.entropy_coef needs loss_fn='ppo' (the entropy bonus is an extension "
                 f"of the ppo loss), got loss_fn={self.loss_fn!r}"
             )
+        if self.keep_best and not (
+            self.save_every and self.eval_every and self.save_every % self.eval_every == 0
+        ):
+            raise ValueError(
+                f"RLConfig.keep_best={self.keep_best} ranks periodic checkpoints by the greedy "
+                f"evaluation at their step, so save_every ({self.save_every}) must be a positive "
+                f"multiple of eval_every ({self.eval_every})"
+            )
         if self.group_size == 1 and self.advantage_estimator == "group":
             raise ValueError(
                 "RLConfig.group_size must be >= 2: advantages are relative to the group mean, "
                 "so a group of one never has a learning signal"
             )
+
+    @property
+    def retention(self) -> bool:
+        """Whether checkpoints beyond `keep_last` / `keep_best` are deleted."""
+        return self.keep_last is not None or self.keep_best > 0
+
+    def tracking(self) -> TrackingSettings:
+        return TrackingSettings(
+            self.wandb_project, self.wandb_name, self.wandb_group, self.tensorboard
+        )
 
     def lora_metadata(self) -> dict[str, str] | None:
         """The create_model `user_metadata` for `lora_alpha` / `lora_dropout` (None: neither)."""

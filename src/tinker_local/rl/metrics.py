@@ -6,7 +6,8 @@
   versions, git commit; a resumed run appends itself to `runs`.
 - `transcripts.jsonl`: a few decoded episodes per step.
 - `reward.png`, `eval.png`: the curves, drawn at the end (and on demand).
-- Weights & Biases / TensorBoard when asked for and installed.
+- Weights & Biases / TensorBoard when asked for (`tinker_local.tracking`): the same numbers as
+  `metrics.jsonl`, in a W&B run that a resumed run continues.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from tinker_local.tracking import Tracker, TrackingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +73,40 @@ def run_metadata(arguments: dict[str, Any], argv: list[str] | None = None) -> di
     }
 
 
+def update_metadata(log_dir: str | Path, key: str, value: Any) -> None:
+    """Set one top-level entry of `<log_dir>/run_metadata.json` (written whole, then renamed)."""
+    path = Path(log_dir) / "run_metadata.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 class MetricsLog:
-    def __init__(self, log_dir: str | Path, *, wandb_project: str | None = None, tb: bool = False):
+    """`tracking`: W&B / TensorBoard settings; `run_config` is what W&B shows as the run's
+    config; `resume_step`: the step a resumed run starts at (None: a fresh run)."""
+
+    def __init__(
+        self,
+        log_dir: str | Path,
+        *,
+        tracking: TrackingSettings | None = None,
+        run_config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
+        job_type: str = "rl",
+    ):
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.transcripts_path = self.dir / "transcripts.jsonl"
-        self._wandb = _start_wandb(wandb_project, self.dir) if wandb_project else None
-        self._tb = _start_tensorboard(self.dir) if tb else None
+        self.tracker = Tracker(
+            self.dir,
+            tracking or TrackingSettings(),
+            config=run_config,
+            job_type=job_type,
+            resume_step=resume_step,
+        )
 
     def write_metadata(self, arguments: dict[str, Any], *, resumed_at: int | None) -> None:
         path = self.dir / "run_metadata.json"
@@ -88,6 +117,10 @@ class MetricsLog:
             runs = json.loads(path.read_text()).get("runs", [])
         runs.append(entry)
         path.write_text(json.dumps({**entry, "runs": runs}, indent=2, default=str) + "\n")
+
+    def update_metadata(self, key: str, value: Any) -> None:
+        """Set one top-level entry of `run_metadata.json` (e.g. the checkpoints' disk use)."""
+        update_metadata(self.dir, key, value)
 
     def truncate_from(self, step: int) -> None:
         """Forget rows of steps >= `step` (a resumed run will measure them again)."""
@@ -105,12 +138,7 @@ class MetricsLog:
         row = {"step": step, **values}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row, default=float) + "\n")
-        numeric = {k: v for k, v in values.items() if isinstance(v, (int, float))}
-        if self._wandb is not None:
-            self._wandb.log(numeric, step=step)
-        if self._tb is not None:
-            for k, v in numeric.items():
-                self._tb.add_scalar(k, v, step)
+        self.tracker.log(step, values)
 
     def transcripts(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -156,10 +184,7 @@ class MetricsLog:
         return written
 
     def close(self) -> None:
-        if self._wandb is not None:
-            self._wandb.finish()
-        if self._tb is not None:
-            self._tb.close()
+        self.tracker.close()
 
 
 def _plot_reward(plt: Any, train: list[dict[str, Any]], path: Path) -> None:
@@ -226,21 +251,3 @@ def moving_average(values: Any, window: int) -> Any:
     sums = np.convolve(values, kernel, mode="same")
     counts = np.convolve(np.ones(len(values)), kernel, mode="same")
     return sums / counts
-
-
-def _start_wandb(project: str, log_dir: Path) -> Any:
-    try:
-        import wandb
-    except ImportError:
-        logger.warning("wandb_project=%r but wandb is not installed; not logging to W&B", project)
-        return None
-    return wandb.init(project=project, dir=str(log_dir), name=log_dir.name, resume="allow")
-
-
-def _start_tensorboard(log_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        logger.warning("tensorboard=True but tensorboard is not installed; not writing events")
-        return None
-    return SummaryWriter(str(log_dir / "tensorboard"))

@@ -3,8 +3,11 @@
 A run resumes from the last checkpoint recorded in its log directory (`checkpoints.jsonl`,
 weights + optimizer, and the data position); a new run starts from another run's weights
 (`load_checkpoint_path`, fresh optimizer) or from a fresh LoRA adapter. Checkpoints are
-`save_state`s (plus sampler weights for the final one, and the critic's state under GAE),
-each recorded as one line of `checkpoints.jsonl`.
+`save_state`s (plus sampler weights for the final one, or for every one with
+`save_sampler_weights`, and the critic's state under GAE), each recorded as one line of
+`checkpoints.jsonl`. With `keep_last` / `keep_best`, older checkpoints are deleted through the
+REST API after each save (`retention.py`); the greedy evaluation at a checkpoint's step is its
+rank for `keep_best` (`record_evaluation`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker_local.rl import checkpoints
-from tinker_local.rl.checkpoints import CheckpointRecord
+from tinker_local.rl.checkpoints import FINAL, PERIODIC, CheckpointRecord
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.critic import Critic
 
@@ -93,11 +96,11 @@ async def save_checkpoint(
     final: bool,
 ) -> CheckpointRecord:
     """Save the policy (and the critic) after `step` steps and record it; the final checkpoint
-    also saves sampler weights."""
+    (and every one with `save_sampler_weights`) also saves sampler weights."""
     name = "final" if final else f"step-{step:06d}"
     state = await training_client.save_state(name)
     sampler_path = None
-    if final:
+    if final or config.save_sampler_weights:
         sampler_path = (await training_client.save_weights_for_sampler(name)).path
     value_state_path = await critic.save(name) if critic is not None else None
     record = CheckpointRecord(
@@ -109,6 +112,29 @@ async def save_checkpoint(
         base_model=config.base_model,
         lora_rank=config.lora_rank,
         value_state_path=value_state_path,
+        kind=FINAL if final else PERIODIC,
     )
     checkpoints.append_record(config.log_dir, record)
     return record
+
+
+def ranking_metric(values: dict[str, float]) -> str | None:
+    """The evaluation number `keep_best` ranks by: the success rate when the task reports a
+    verdict, else the mean reward (higher is better for both)."""
+    for name in ("eval/success_rate", "eval/reward"):
+        if name in values:
+            return name
+    return None
+
+
+def record_evaluation(log_dir: str, step: int, values: dict[str, float]) -> None:
+    """Attach the greedy evaluation at `step` to the checkpoint taken at that step, if any."""
+    name = ranking_metric(values)
+    if name is None:
+        return
+    records = checkpoints.read_records(log_dir)
+    for record in records:
+        if record.step == step and not record.deleted:
+            record.metric, record.metric_name = float(values[name]), name
+            checkpoints.write_records(log_dir, records)
+            return

@@ -12,7 +12,9 @@ One step:
    the critic;
 5. log (per task too, through the groups' logging tags: `step_metrics.py`; `tasks.png` from
    `task_plots.py` for a task mixture; the per-token debug dump of `debug_dump.py` when
-   `debug_dump`), checkpoint when due (`resume.py`, which also decides where a run starts).
+   `debug_dump`; W&B / TensorBoard through `metrics.py`), checkpoint when due (`resume.py`,
+   which also decides where a run starts), delete what `keep_last` / `keep_best` give up
+   (`retention.py`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,13 @@ from tinker_local.rl.minibatch import (
     group_advantage_sequences,
     merge_minibatch_metrics,
 )
-from tinker_local.rl.resume import is_finished, save_checkpoint, start_run
+from tinker_local.rl.resume import (
+    is_finished,
+    record_evaluation,
+    save_checkpoint,
+    start_run,
+)
+from tinker_local.rl.retention import RetentionPolicy, apply_retention, disk_use, rest_client_for
 from tinker_local.rl.rollouts import SamplingSettings, TrajectoryGroup, rollout_group
 from tinker_local.rl.step_metrics import (
     advantage_metrics,
@@ -105,8 +113,12 @@ class Trainer:
         self.on_step = on_step
         self.stop_after_steps = stop_after_steps
         self.log = MetricsLog(
-            config.log_dir, wandb_project=config.wandb_project, tb=config.tensorboard
+            config.log_dir,
+            tracking=config.tracking(),
+            run_config=config.to_dict(),
+            resume_step=start_step or None,
         )
+        self._rest: Any = None
         self.learning_rate = config.learning_rate or default_learning_rate(
             config.base_model, tokenizer
         )
@@ -120,6 +132,7 @@ class Trainer:
         )
         self.greedy = SamplingSettings(config.eval_max_tokens or config.max_tokens, 0.0)
         self._base_sampler: Any = None
+        self._checkpoint_values: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._step_seqs: list[TrainSequence] = []  # what this step trained on, all minibatches
         self.dump = StepDump(config.log_dir, tokenizer) if config.debug_dump else None
@@ -146,6 +159,7 @@ class Trainer:
             if self.on_step is not None and final_eval:
                 self.on_step(steps_done, final_eval)
             final_record = await self.save(steps_done, final=True)
+            self.log.tracker.summary({**self.last_eval, "steps_done": steps_done})
         finally:
             await source.close()
             self.log.plot()
@@ -198,6 +212,7 @@ class Trainer:
             save_started = time.perf_counter()
             await self.save(step + 1, final=False)
             values["time/save"] = time.perf_counter() - save_started
+            values.update(self._checkpoint_values)
         values["time/total"] = time.perf_counter() - step_started
         self.log.log(step, values)
         self.log.transcripts(step, transcripts(self.tokenizer, groups[: cfg.transcripts_per_step]))
@@ -206,14 +221,30 @@ class Trainer:
         return pause
 
     async def save(self, step: int, *, final: bool) -> CheckpointRecord:
-        return await save_checkpoint(
-            self.cfg,
+        """Checkpoint, then retention (when asked) and the checkpoints' disk use."""
+        cfg = self.cfg
+        record = await save_checkpoint(
+            cfg,
             self.training_client,
             self.critic,
             step=step,
             data_cursor=self.data_cursor,
             final=final,
         )
+        if final:
+            record_evaluation(cfg.log_dir, step, self.last_eval)
+        if self._rest is None:
+            self._rest = rest_client_for(self.service_client)
+        if cfg.retention:
+            policy = RetentionPolicy(cfg.keep_last, cfg.keep_best, higher_is_better=True)
+            await asyncio.to_thread(apply_retention, self._rest, cfg.log_dir, policy)
+        usage = await asyncio.to_thread(disk_use, self._rest, cfg.log_dir)
+        self.log.update_metadata("checkpoints", usage)
+        self._checkpoint_values = {
+            "checkpoints/live": float(usage["live"]),
+            "checkpoints/bytes": float(usage["bytes"]),
+        }
+        return record
 
     async def evaluate(self, sampler: Any, step: int) -> dict[str, float]:
         """Greedy rollouts of the whole held-out set; logged, with decoded transcripts."""
@@ -225,6 +256,7 @@ class Trainer:
         values = eval_metrics(groups)
         values["eval/time"] = time.perf_counter() - started
         self.log.log(step, values)
+        record_evaluation(self.cfg.log_dir, step, values)
         kept = groups[: self.cfg.eval_transcripts]
         self.log.transcripts(step, transcripts(self.tokenizer, kept, kind="eval"))
         self.last_eval = values

@@ -15,9 +15,17 @@ Defaults, and why:
   assistant token of the whole batch, however it is split.
 - 90/10 train/validation split with seed 0; validation every 50 steps and after each epoch;
   a resumable checkpoint every 50 steps and after each epoch; 1 epoch.
-- `keep_best=True`: the checkpoint with the lowest validation loss is saved (with sampler
-  weights) whenever a validation improves on it; the pipeline starts RL from it. False saves
-  only the resumable and final checkpoints.
+- `keep_best=1`: the checkpoint with the lowest validation loss is saved (with sampler
+  weights) whenever a validation improves on it; the pipeline starts RL from it. 0 (or false)
+  saves only the resumable and final checkpoints.
+- Retention: `keep_last=None` keeps every checkpoint. K >= 1 keeps the K newest resumable
+  checkpoints and the `keep_best` best ones (lowest validation loss), and deletes the rest
+  through the REST API (`checkpoints.jsonl` marks them `deleted`); the newest resumable one
+  (a resume needs it) and the final one are never deleted. `save_sampler_weights=False`: True
+  saves sampler weights with every resumable checkpoint too. The checkpoints' disk use is in
+  `run_metadata.json` (`checkpoints`).
+- Tracking: `wandb_project`, `wandb_name` (default: the log dir's name), `wandb_group`,
+  `tensorboard` (see `tinker_local.tracking`; optional extras `.[wandb]`, `.[tensorboard]`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
+from tinker_local.tracking import TrackingSettings
 
 
 def _is_number(value: object) -> bool:
@@ -62,7 +71,13 @@ class SFTConfig:
     grad_clip_norm: float = 1.0
     eval_every: int = 50  # steps; 0 = only at the end of each epoch
     save_every: int = 50  # steps; 0 = only at the end of each epoch
-    keep_best: bool = True  # save the checkpoint with the lowest validation loss
+    keep_best: int = 1  # best-validation checkpoints saved (and kept by retention); 0: none
+    keep_last: int | None = None  # None keeps every checkpoint; K keeps the K newest resumable
+    save_sampler_weights: bool = False  # resumable checkpoints also save sampler weights
+    wandb_project: str | None = None
+    wandb_name: str | None = None  # default: the log dir's name
+    wandb_group: str | None = None
+    tensorboard: bool = False  # event files in <log_dir>/tensorboard
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -83,10 +98,15 @@ class SFTConfig:
             "max_steps": self.max_steps is None or self.max_steps >= 1,
             "weight_decay": self.weight_decay >= 0,
             "grad_clip_norm": self.grad_clip_norm >= 0,
+            "keep_best": isinstance(self.keep_best, int) and self.keep_best >= 0,
+            "keep_last": self.keep_last is None
+            or (isinstance(self.keep_last, int) and not isinstance(self.keep_last, bool)
+                and self.keep_last >= 1),
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"SFTConfig.{name} has an invalid value {getattr(self, name)!r}")
+        self.keep_best = int(self.keep_best)  # true/false from older configs: 1/0
         if not self.val_data and not 0.0 < self.val_fraction < 1.0:
             raise ValueError(
                 f"SFTConfig.val_fraction must be in (0, 1) without val_data, "
@@ -96,6 +116,11 @@ class SFTConfig:
     def lora_metadata(self) -> dict[str, str] | None:
         """The create_model `user_metadata` for `lora_alpha` / `lora_dropout` (None: neither)."""
         return lora_metadata(self.lora_alpha, self.lora_dropout)
+
+    def tracking(self) -> TrackingSettings:
+        return TrackingSettings(
+            self.wandb_project, self.wandb_name, self.wandb_group, self.tensorboard
+        )
 
     @property
     def accumulation_steps(self) -> int:
@@ -114,7 +139,18 @@ class SFTConfig:
 
 
 # Fields that may differ when resuming (they change neither the data order nor the updates).
-RESUMABLE_CHANGES = {"log_dir", "eval_every", "save_every", "keep_best"}
+RESUMABLE_CHANGES = {
+    "log_dir",
+    "eval_every",
+    "save_every",
+    "keep_best",
+    "keep_last",
+    "save_sampler_weights",
+    "wandb_project",
+    "wandb_name",
+    "wandb_group",
+    "tensorboard",
+}
 
 
 def check_resumable(saved: dict[str, Any], current: SFTConfig) -> None:

@@ -4,6 +4,9 @@
     log_dir/state.json       progress at the last resumable checkpoint (see `RunState`)
     log_dir/metrics.jsonl    one JSON object per logged event, each with its `step`
     log_dir/result.json      final and best checkpoints, written when the run finishes
+    log_dir/checkpoints.jsonl  every checkpoint saved (`tinker_local.rl.checkpoints` records;
+                             retention marks the ones it deleted)
+    log_dir/run_metadata.json  arguments, versions, and the checkpoints' disk use
 
 The data order is a pure function of (seed, epoch), and the learning rate a pure function of the
 step, so resuming needs only the step count, the saved weights + optimizer state, and the best
@@ -59,6 +62,9 @@ def write_json_atomically(path: Path, data: Any) -> None:
 
 
 class LogDir:
+    """`tracker` (a `tinker_local.tracking.Tracker`, optional) gets the numbers of every record
+    logged."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -66,6 +72,7 @@ class LogDir:
         self.state_file = self.path / "state.json"
         self.metrics_file = self.path / "metrics.jsonl"
         self.result_file = self.path / "result.json"
+        self.tracker: Any = None
 
     def saved_config(self) -> dict[str, Any] | None:
         if not self.config_file.exists():
@@ -88,6 +95,8 @@ class LogDir:
             raise ValueError("every metrics record needs a 'step'")
         with self.metrics_file.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tracker is not None:
+            self.tracker.log(int(record["step"]), record)
 
     def metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_file.exists():

@@ -5,12 +5,17 @@ accumulates gradients) and one `optim_step` with the scheduled learning rate. Va
 and perplexity before the first step, every `eval_every` steps and after each epoch; the best
 validation loss keeps its checkpoint; a resumable checkpoint (weights + optimizer) every
 `save_every` steps and after each epoch. Running again with the same log dir resumes where the
-last checkpoint left off.
+last checkpoint left off. Every checkpoint is recorded in `checkpoints.jsonl`; with `keep_last`
+the ones retention gives up are deleted through the REST API after each save
+(`tinker_local.rl.retention`), and the checkpoints' disk use goes to `run_metadata.json`.
+Metrics also go to W&B / TensorBoard when asked (`tinker_local.tracking`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +23,10 @@ from typing import Any
 
 import tinker
 
+from tinker_local.rl import checkpoints
+from tinker_local.rl.checkpoints import BEST, FINAL, PERIODIC, CheckpointRecord
+from tinker_local.rl.metrics import run_metadata, update_metadata
+from tinker_local.rl.retention import RetentionPolicy, apply_retention, disk_use, rest_client_for
 from tinker_local.schedule import WarmupCosine, warmup_steps_for
 from tinker_local.sl.config import SFTConfig, check_resumable
 from tinker_local.sl.data import (
@@ -30,6 +39,7 @@ from tinker_local.sl.data import (
     train_val_split,
 )
 from tinker_local.sl.run_state import Checkpoint, LogDir, RunState, write_json_atomically
+from tinker_local.tracking import Tracker
 
 
 @dataclass
@@ -79,6 +89,8 @@ class SFTRun:
         self.config = config
         self.service = service
         self.log = LogDir(config.log_dir)
+        self._rest: Any = None
+        self._val_loss_at: dict[int, float] = {}
 
     def _prepare(self) -> None:
         cfg = self.config
@@ -89,6 +101,16 @@ class SFTRun:
         self.state = self.log.load_state() or RunState()
         if self.state.finished:
             return  # nothing left to train: no client, no data
+        resumed = self.state.last is not None
+        self._write_metadata(resumed)
+        # Started before the training client: a tracker that cannot start costs no server work.
+        self.log.tracker = Tracker(
+            self.log.path,
+            cfg.tracking(),
+            config=cfg.to_dict(),
+            job_type="sft",
+            resume_step=self.state.step + 1 if resumed else None,
+        )
 
         if self.state.last is not None:
             self.client = self.service.create_training_client_from_state_with_optimizer(
@@ -187,31 +209,91 @@ class SFTRun:
         record["val_perplexity"] = math.exp(min(loss, 700.0))
         best = self.state.best
         improved = best is None or loss < (best.val_loss if best.val_loss is not None else math.inf)
+        self._val_loss_at[step] = loss
         if self.config.keep_best and improved:
-            self.state.best = self._checkpoint(f"best-step-{step:06d}", step, loss, sampler=True)
+            self.state.best = self._checkpoint(
+                f"best-step-{step:06d}", step, loss, sampler=True, kind=BEST
+            )
             record["new_best"] = True
         self.log.log(record)
         return loss
 
     def _checkpoint(
-        self, name: str, step: int, val_loss: float | None = None, *, sampler: bool = False
+        self,
+        name: str,
+        step: int,
+        val_loss: float | None = None,
+        *,
+        sampler: bool = False,
+        kind: str = PERIODIC,
     ) -> Checkpoint:
         state_future = self.client.save_state(name)
         sampler_future = self.client.save_weights_for_sampler(name) if sampler else None
-        return Checkpoint(
+        checkpoint = Checkpoint(
             step=step,
             state_path=state_future.result().path,
             sampler_path=sampler_future.result().path if sampler_future else None,
             val_loss=val_loss,
         )
+        checkpoints.append_record(
+            self.log.path,
+            CheckpointRecord(
+                step=step,
+                state_path=checkpoint.state_path,
+                data_cursor=step,
+                sampler_path=checkpoint.sampler_path,
+                final=kind == FINAL,
+                base_model=self.config.base_model,
+                lora_rank=self.config.lora_rank,
+                kind=kind,
+                metric=val_loss,
+                metric_name=None if val_loss is None else "val_loss",
+            ),
+        )
+        return checkpoint
 
     def _save_resumable(self, step: int) -> None:
-        self.state.last = self._checkpoint(f"step-{step:06d}", step)
+        self.state.last = self._checkpoint(
+            f"step-{step:06d}",
+            step,
+            self._val_loss_at.get(step),
+            sampler=self.config.save_sampler_weights,
+        )
         self.state.step = step
         self.log.save_state(self.state)
+        self._after_save()
+
+    def _after_save(self) -> None:
+        """Retention (with `keep_last`), then the checkpoints' disk use into run_metadata.json.
+        Runs after state.json names the newest checkpoint, which retention always keeps."""
+        cfg = self.config
+        if self._rest is None:
+            self._rest = rest_client_for(self.service)
+        if cfg.keep_last is not None:
+            policy = RetentionPolicy(
+                cfg.keep_last, cfg.keep_best, higher_is_better=False, ranked_kind=BEST
+            )
+            apply_retention(self._rest, self.log.path, policy)
+        usage = disk_use(self._rest, self.log.path)
+        update_metadata(self.log.path, "checkpoints", usage)
+
+    def _write_metadata(self, resumed: bool) -> None:
+        """run_metadata.json: this attempt's arguments and versions (`runs` keeps every one)."""
+        path = self.log.path / "run_metadata.json"
+        entry = run_metadata(self.config.to_dict(), sys.argv)
+        entry["resumed_at_step"] = self.state.step if resumed else None
+        earlier = json.loads(path.read_text()).get("runs", []) if resumed and path.exists() else []
+        write_json_atomically(path, {**entry, "runs": [*earlier, entry]})
 
     def run(self, stop_after_steps: int | None = None) -> SFTResult:
         """Train to the end (or stop after `stop_after_steps` more steps, resumable later)."""
+        try:
+            return self._run(stop_after_steps)
+        finally:
+            if self.log.tracker is not None:
+                self.log.tracker.close()
+
+    def _run(self, stop_after_steps: int | None) -> SFTResult:
         self._prepare()
         cfg = self.config
         if self.state.finished:
@@ -231,12 +313,20 @@ class SFTRun:
             if pause and done < self.total_steps:
                 return self._result()
 
-        final = self._checkpoint("final", self.total_steps, sampler=True)
+        final = self._checkpoint(
+            "final", self.total_steps, self._val_loss_at.get(self.total_steps),
+            sampler=True, kind=FINAL,
+        )
         self.state.finished = True
         self.state.step = self.total_steps
         self.state.last = final
         self.log.save_state(self.state)
+        self._after_save()
         result = self._result()
+        best_loss = self.state.best.val_loss if self.state.best else None
+        self.log.tracker.summary(
+            {"steps": result.steps, **({"best_val_loss": best_loss} if best_loss is not None else {})}
+        )
         write_json_atomically(
             self.log.result_file,
             {

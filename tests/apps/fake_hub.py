@@ -1,0 +1,144 @@
+"""A local HTTP server posing as the Hugging Face hub (point HF_ENDPOINT at it), serving the
+few endpoints `huggingface_hub` downloads a model through: repo info, the recursive file tree,
+and HEAD/GET of `resolve` URLs, with byte ranges (so a partial download can resume).
+
+`slow` names files sent in small chunks with pauses (so a test can interrupt a download
+half-way); `drop_after` cuts the connection once after that many bytes of a file (a network
+failure mid-file); `claimed_sizes` makes the tree listing claim another size for a file (a model too
+big for the disk); `requests` records (method, path, Range header) of every request."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlparse
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.repos: dict[str, dict[str, bytes]] = {}
+        self.slow: set[str] = set()
+        self.drop_after: dict[str, int] = {}
+        self.claimed_sizes: dict[str, int] = {}
+        self.requests: list[tuple[str, str, str | None]] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self):  # -> FakeHub
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._serve(body=False)
+
+            def do_GET(self) -> None:
+                self._serve(body=True)
+
+            def _serve(self, body: bool) -> None:
+                path = unquote(urlparse(self.path).path)
+                hub.requests.append((self.command, path, self.headers.get("Range")))
+                parts = path.strip("/").split("/")
+                if parts[:2] == ["api", "models"]:
+                    return self._api(parts[2:])
+                # /{org}/{name}/resolve/{revision}/{file...}
+                if len(parts) >= 5 and parts[2] == "resolve":
+                    return self._file(f"{parts[0]}/{parts[1]}", "/".join(parts[4:]), body)
+                self._json(404, {"error": "not found"})
+
+            def _api(self, parts: list[str]) -> None:
+                repo = "/".join(parts[:2])
+                files = hub.repos.get(repo)
+                if files is None:
+                    return self._json(
+                        404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}
+                    )
+                if len(parts) >= 3 and parts[2] == "tree":
+                    return self._json(200, [_tree_entry(hub, n, d) for n, d in files.items()])
+                self._json(
+                    200,
+                    {
+                        "id": repo, "modelId": repo, "sha": COMMIT, "private": False,
+                        "siblings": [{"rfilename": name} for name in files],
+                    },
+                )  # fmt: skip
+
+            def _file(self, repo: str, name: str, body: bool) -> None:
+                data = hub.repos.get(repo, {}).get(name)
+                if data is None:
+                    return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+                start = 0
+                ranged = self.headers.get("Range")
+                if ranged and ranged.startswith("bytes="):
+                    start = int(ranged[len("bytes=") :].split("-")[0])
+                chunk = data[start:]
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(chunk)))
+                self.send_header("ETag", f'"{_oid(data)}"')
+                self.send_header("X-Repo-Commit", COMMIT)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                if not body:
+                    return
+                try:
+                    cut = hub.drop_after.pop(name, None) if not start else None
+                    if cut is not None:
+                        self.wfile.write(chunk[:cut])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    if name in hub.slow:
+                        for i in range(0, len(chunk), 65536):
+                            self.wfile.write(chunk[i : i + 65536])
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    else:
+                        self.wfile.write(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away mid-file (an interrupted download)
+
+            def _json(self, status: int, data: object, headers: dict[str, str] | None = None):
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(raw)
+
+        return Handler
+
+
+def _oid(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _tree_entry(hub: FakeHub, name: str, data: bytes) -> dict:
+    return {"type": "file", "oid": _oid(data), "size": hub.claimed_sizes.get(name, len(data)),
+            "path": name}  # fmt: skip
