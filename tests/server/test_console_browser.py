@@ -190,10 +190,18 @@ def test_runs_appear_and_their_plots_grow(browser, server, rl_run, sft_run, tmp_
     # The evaluation plot draws its interval; the transcripts come from the run's folder.
     page.wait_for_selector("#chart-eval svg polygon.band", timeout=60_000)
     assert page.locator("details.transcript").count() >= 1
+    page.click("details.transcript summary")  # the newest one, open in the screenshot
     screenshot(page, "logged-run", tmp_path)
     page.goto(server.base_url + "/")
     page.wait_for_selector("#logged-runs a[href^='/training_runs/']", timeout=WAIT_MS)
-    rl_run.stop()  # it has shown what it can; the rest of the tests need the CPU
+    # Stopped once it saved two checkpoints (the next test downloads one and deletes one):
+    # it has shown what it can, and the rest of the tests need the CPU.
+    records = rl_run.log_dir / "checkpoints.jsonl"
+    for _ in range(240):
+        if records.exists() and len(records.read_text().splitlines()) >= 2:
+            break
+        page.wait_for_timeout(250)
+    rl_run.stop()
     screenshot(page, "overview", tmp_path)
 
     _open_logged_run(page, sft_run.log_dir)
@@ -201,6 +209,7 @@ def test_runs_appear_and_their_plots_grow(browser, server, rl_run, sft_run, tmp_
     _wait_for_more_points(page, "#chart-loss svg", 1)
     keys = page.locator("#chart-loss figcaption .key").all_inner_texts()
     assert {"train_loss", "val_loss"} <= set(keys), keys
+    screenshot(page, "logged-sft-run", tmp_path)
 
     page.goto(server.base_url + "/sessions")
     assert page.locator("#sessions tbody tr").count() >= 2
@@ -215,13 +224,8 @@ def test_a_checkpoint_downloads_as_a_tar_and_is_deleted(browser, server, rl_run,
     page.wait_for_selector("#checkpoints tr[data-checkpoint]")
     run_id = page.inner_text("#run-id")
     rest = tinker.RestClient(base_url=server.base_url, api_key=KEY_A)
-    # Two checkpoints at least: one to download, one to delete.
-    for _ in range(120):
-        if page.locator("#checkpoints tr[data-checkpoint]").count() >= 2:
-            break
-        page.wait_for_timeout(500)
-        page.reload()
     rows = page.locator("#checkpoints tr[data-checkpoint]")
+    assert rows.count() >= 2, page.inner_text("#checkpoints")
     keep, drop = rows.nth(0).get_attribute("data-checkpoint"), rows.nth(1).get_attribute(
         "data-checkpoint"
     )

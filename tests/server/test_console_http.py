@@ -270,6 +270,15 @@ def test_registered_log_dirs_are_plotted_for_their_key_only(
     (log_dir / "rl" / "checkpoints.jsonl").write_text(
         json.dumps({"state_path": "tinker://abc:train:0/weights/s1"}) + "\n"
     )
+    transcripts = [
+        {"step": 3, "kind": "train", "reward": 1.0,
+         "turns": [{"observation": "<b>What is 2+2?</b>", "action": "4", "reward": 1.0}]},
+        {"step": 4, "turns": [7, {"observation": 5}]},  # malformed rows are shown as far as
+        {"turns": "nope"},  # they make sense, never a server error
+    ]  # fmt: skip
+    (log_dir / "rl" / "transcripts.jsonl").write_text(
+        "".join(json.dumps(t) + "\n" for t in transcripts)
+    )
     monkeypatch.setenv("TINKER_API_KEY", KEY_A)
     url = register_log_dir(log_dir, "pipeline", keyed.base_url)
     assert url is not None and url.startswith(keyed.base_url + "/logs/")
@@ -279,6 +288,9 @@ def test_registered_log_dirs_are_plotted_for_their_key_only(
         assert page.status_code == 200
         assert 'data-stage="rl"' in page.text and 'data-points="4"' in page.text
         assert "abc:train:0" in page.text and "kl_behaviour_learner" in page.text
+        assert "&lt;b&gt;What is 2+2?&lt;/b&gt;" in page.text and "<b>What" not in page.text
+        assert page.text.count('class="transcript"') == 3
+        assert 'id="no-loss-rl"' in page.text  # the stage logs no loss: said, not drawn
         (log_dir / "rl" / "metrics.jsonl").open("a").write(
             json.dumps({"step": 4, "reward/mean": 0.5}) + "\n{torn"
         )

@@ -176,10 +176,55 @@ class MetricsCache:
         return rows
 
 
-def transcripts(folder: Path, count: int = 6) -> list[dict[str, Any]]:
-    """The newest `count` transcripts (`transcripts.jsonl`), newest first."""
-    rows = _jsonl_tail(folder / "transcripts.jsonl", 256 * 1024)
-    return list(reversed(rows[-count:]))
+@dataclass(frozen=True)
+class Turn:
+    observation: str
+    action: str
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class Transcript:
+    step: Any
+    kind: str
+    reward: float | None
+    turns: list[Turn]
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
+
+
+def _text(value: Any, keep: int, tail: bool = False) -> str:
+    text = value if isinstance(value, str) else ""
+    return text[-keep:] if tail else text[:keep]
+
+
+def transcripts(folder: Path, count: int = 6, keep: int = 1500) -> list[Transcript]:
+    """The newest `count` transcripts of `transcripts.jsonl` (as `rl/metrics.py` writes them),
+    newest first; each observation's last and each action's first `keep` characters."""
+    rows = _jsonl_tail(folder / "transcripts.jsonl", 256 * 1024)[-count:]
+    out = []
+    for row in reversed(rows):
+        turns = row.get("turns") if isinstance(row.get("turns"), list) else []
+        out.append(
+            Transcript(
+                row.get("step", "?"),
+                str(row.get("kind") or ""),
+                _number(row.get("reward")),
+                [
+                    Turn(
+                        _text(t.get("observation"), keep, tail=True),
+                        _text(t.get("action"), keep),
+                        _number(t.get("reward")),
+                    )
+                    for t in turns
+                    if isinstance(t, dict)
+                ],
+            )
+        )
+    return out
 
 
 def linked_runs(log_dir: LogDir) -> list[str]:
