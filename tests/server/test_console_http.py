@@ -107,9 +107,10 @@ def test_tampered_expired_and_revoked_cookies_log_out(keyed: FakeServer) -> None
     assert cookie_owner(svc.signer, good) == owner
     forged_owner = good.replace(owner, owner_of_key(KEY_B))
     expired = mint_cookie(svc.signer, owner, now=0)
-    for value in (forged_owner, expired, "garbage", good + "0"):
+    for value in (forged_owner, expired, "garbage", good + "0", good[:-1] + "é"):
         assert cookie_owner(svc.signer, value) is None
-        with httpx.Client(base_url=keyed.base_url, cookies={CONSOLE_COOKIE: value}) as http:
+        header = f"{CONSOLE_COOKIE}={value}".encode()
+        with httpx.Client(base_url=keyed.base_url, headers={"cookie": header}) as http:
             assert http.get("/").status_code == 303
     keys = svc.settings.api_keys
     svc.settings.api_keys = frozenset({KEY_B})  # key A removed: its browsers are logged out
@@ -190,6 +191,7 @@ def test_forged_deletes_change_nothing(keyed: FakeServer, checkpoints: dict[str,
         for form in (
             {"path": uri},  # no token (a form on another site)
             {"path": uri, "token": "0" * 40},
+            {"path": uri, "token": "é" * 40},
             {"path": uri, "token": action_token(signer, owner_of_key(KEY_A), "logout")},
             {"path": uri, "token": action_token(signer, owner_of_key(KEY_B), f"delete {uri}")},
             {"path": checkpoints["keep"],  # a real token for another checkpoint
@@ -255,6 +257,18 @@ def test_download_is_a_tar_of_the_folder_and_delete_uses_the_rest_code(
     assert uri not in _listed(keyed, KEY_A, trainer.model_id)
     assert not (folder / "to-delete").exists()
     assert "checkpoint_delete" in events and "console_download" in events  # audited
+
+
+def test_the_live_panel_counts_other_keys_work_without_naming_it(
+    keyed: FakeServer, checkpoints: dict[str, str]
+) -> None:
+    with _browser(keyed, KEY_A) as http:
+        mine = http.get("/console/live").text
+    with _browser(keyed, KEY_B) as http:
+        theirs = http.get("/console/live").text
+    assert checkpoints["run"] in mine and "fake/base" in mine
+    assert checkpoints["run"] not in theirs and "fake/base" in theirs
+    assert "not reported by this engine" in theirs  # the numpy engine has no status()
 
 
 # -- log directories -----------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def check_action(request: Request, token: str | None, action: str) -> None:
     check_origin(request)
     signer: Signer = request.app.state.service.signer
     expected = action_token(signer, current_owner(), action)
-    if not token or not hmac.compare_digest(expected, token):
+    if not token or not token.isascii() or not hmac.compare_digest(expected, token):
         raise ApiError(
             403,
             f"refused: the request to {action!r} did not come from this console's own page "

@@ -48,7 +48,7 @@ class LiveState:
     base_models: list[BaseModelUse]
     queued_jobs: int
     sampling_in_flight: int
-    in_flight: list[InFlight]  # oldest first: the first is what the engine works on
+    in_flight: list[InFlight]  # queued or running, oldest first
     training_tokens_per_s: float
     sampled_tokens_per_s: float
     prefill_tokens_per_s: float

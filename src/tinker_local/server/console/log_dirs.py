@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ MAX_PER_OWNER = 500
 COMMANDS = ("rl", "sft", "pipeline", "eval", "other")
 # The newest part of a metrics file that is read (a very long run keeps its latest steps).
 MAX_METRICS_BYTES = 32 * 1024 * 1024
+MAX_CACHED = 16  # parsed metrics files kept in memory
 RECORD_FILES = ("checkpoints.jsonl", "state.json", "result.json")
 _RUN_IN_PATH = re.compile(r"tinker://([A-Za-z0-9._:-]{1,200})/")
 
@@ -152,12 +154,22 @@ def sources(log_dir: LogDir, limit: int = 16) -> list[tuple[str, Path]]:
     return found[:limit]
 
 
+def last_step(folder: Path) -> float | None:
+    """The step of the last row of `metrics.jsonl`, read from the file's end only."""
+    rows = _jsonl_tail(folder / "metrics.jsonl", 64 * 1024)
+    step = rows[-1].get("step") if rows else None
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else None
+
+
 class MetricsCache:
-    """Parsed metrics files, read again only when they changed (the plots poll)."""
+    """Parsed metrics files, read again only when they changed (the plots poll); the
+    `MAX_CACHED` most recently read are kept."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = {}
+        self._cache: OrderedDict[Path, tuple[tuple[int, int], list[dict[str, Any]]]] = (
+            OrderedDict()
+        )
 
     def rows(self, folder: Path) -> list[dict[str, Any]]:
         path = folder / "metrics.jsonl"
@@ -168,11 +180,15 @@ class MetricsCache:
         signature = (stat.st_mtime_ns, stat.st_size)
         with self._lock:
             cached = self._cache.get(path)
-        if cached is not None and cached[0] == signature:
-            return cached[1]
+            if cached is not None and cached[0] == signature:
+                self._cache.move_to_end(path)
+                return cached[1]
         rows = _jsonl_tail(path, MAX_METRICS_BYTES)
         with self._lock:
             self._cache[path] = (signature, rows)
+            self._cache.move_to_end(path)
+            while len(self._cache) > MAX_CACHED:
+                self._cache.popitem(last=False)
         return rows
 
 

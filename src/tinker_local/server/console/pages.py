@@ -42,19 +42,13 @@ async def _runs(svc: Service) -> list[dict[str, Any]]:
 
 async def _logs(request: Request) -> list[dict[str, Any]]:
     """The caller's registered log directories with their last step and linked runs."""
-    state = console_state(request)
-    entries = state.registry.of(current_owner())[:SHOWN_LOGS]
+    entries = console_state(request).registry.of(current_owner())[:SHOWN_LOGS]
 
     def work() -> list[dict[str, Any]]:
         out = []
         for entry in entries:
-            stages = log_dirs.sources(entry)
-            steps = [
-                r["step"]
-                for _, folder in stages
-                for r in state.metrics.rows(folder)[-1:]
-                if isinstance(r.get("step"), (int, float))
-            ]
+            found = (log_dirs.last_step(folder) for _, folder in log_dirs.sources(entry))
+            steps = [step for step in found if step is not None]
             out.append(
                 {
                     "entry": entry,
@@ -129,20 +123,21 @@ def _stages(request: Request, entry: log_dirs.LogDir) -> list[dict[str, Any]]:
     return out
 
 
-@router.get("/logs/{log_id}")
-async def logged_run(request: Request, log_id: str) -> Response:
+async def _logged_run(request: Request, log_id: str) -> dict[str, Any]:
     entry = console_state(request).registry.get(current_owner(), log_id)
     stages = await asyncio.to_thread(_stages, request, entry)
     runs = await asyncio.to_thread(log_dirs.linked_runs, entry)
-    return page(request, "log.html", entry=entry, stages=stages, runs=runs)
+    return {"entry": entry, "stages": stages, "runs": runs}
+
+
+@router.get("/logs/{log_id}")
+async def logged_run(request: Request, log_id: str) -> Response:
+    return page(request, "log.html", **await _logged_run(request, log_id))
 
 
 @router.get("/console/logs/{log_id}/stages")
 async def logged_run_fragment(request: Request, log_id: str) -> Response:
-    entry = console_state(request).registry.get(current_owner(), log_id)
-    stages = await asyncio.to_thread(_stages, request, entry)
-    runs = await asyncio.to_thread(log_dirs.linked_runs, entry)
-    return fragment("stages.html", entry=entry, stages=stages, runs=runs)
+    return fragment("stages.html", **await _logged_run(request, log_id))
 
 
 # -- sessions and the audit log ----------------------------------------------------------------

@@ -19,7 +19,7 @@ def mint_cookie(signer: Signer, owner: str, now: float | None = None) -> str:
 def cookie_owner(signer: Signer, value: str, now: float | None = None) -> str | None:
     """The owner a login cookie of this server names, while it has not expired; else None."""
     parts = value.split(".")
-    if len(parts) != 3 or not parts[1].isdigit():
+    if not value.isascii() or len(parts) != 3 or not parts[1].isdigit():
         return None
     owner, expires, signature = parts
     if int(expires) < (time.time() if now is None else now):
