@@ -45,14 +45,15 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeServer]:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(keyed: FakeServer) -> dict[str, str]:
-    """Key A's run with three checkpoints: `keep`, `spare` and `public` (published)."""
-    service = tinker.ServiceClient(base_url=keyed.base_url, api_key=KEY_A)
-    trainer = service.create_lora_training_client(base_model="fake/base", rank=4).result()
-    paths = {name: trainer.save_state(name).result().path for name in ("keep", "spare", "public")}
-    rest = tinker.RestClient(base_url=keyed.base_url, api_key=KEY_A)
-    rest.publish_checkpoint_from_tinker_path(paths["public"]).result()
-    return {**paths, "run": trainer.model_id}
+def checkpoints(keyed: FakeServer) -> Iterator[dict[str, str]]:
+    """Key A's live run with three checkpoints: `keep`, `spare` and `public` (published)."""
+    with tinker.ServiceClient(base_url=keyed.base_url, api_key=KEY_A) as service:
+        trainer = service.create_lora_training_client(base_model="fake/base", rank=4).result()
+        names = ("keep", "spare", "public")
+        paths = {name: trainer.save_state(name).result().path for name in names}
+        rest = tinker.RestClient(base_url=keyed.base_url, api_key=KEY_A)
+        rest.publish_checkpoint_from_tinker_path(paths["public"]).result()
+        yield {**paths, "run": trainer.model_id}
 
 
 @contextlib.contextmanager
@@ -234,9 +235,9 @@ def test_another_keys_checkpoint_is_neither_shown_nor_deleted(
 def test_download_is_a_tar_of_the_folder_and_delete_uses_the_rest_code(
     keyed: FakeServer, checkpoints: dict[str, str], tmp_path: Path
 ) -> None:
-    service = tinker.ServiceClient(base_url=keyed.base_url, api_key=KEY_A)
-    trainer = service.create_lora_training_client(base_model="fake/base", rank=2).result()
-    uri = trainer.save_state("to-delete").result().path
+    with tinker.ServiceClient(base_url=keyed.base_url, api_key=KEY_A) as service:
+        trainer = service.create_lora_training_client(base_model="fake/base", rank=2).result()
+        uri = trainer.save_state("to-delete").result().path
     folder = keyed.server.service.settings.checkpoints_dir() / trainer.model_id / "weights"
     with _browser(keyed, KEY_A) as http:
         tar = http.get(f"/checkpoints/download?path={quote(uri)}")
