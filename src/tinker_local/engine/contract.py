@@ -128,17 +128,6 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class EngineStatus:
-    """What an engine holds right now, for the server's live console."""
-
-    device: str  # e.g. "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)"
-    base_models: tuple[str, ...]  # base models loaded in memory
-    # Accelerator memory in use by this process and the device's total (None on CPU).
-    accelerator_memory_bytes: int | None = None
-    accelerator_memory_total_bytes: int | None = None
-
-
-@dataclass(frozen=True)
 class ForwardBackwardCall:
     """One model's forward_backward (or, with `forward_only`, forward) over `data`."""
 
@@ -308,6 +297,17 @@ class SamplingBackend(Protocol):
     def run(self, between: Callable[[], bool]) -> None:
         """Advance until idle, or until `between()` returns True."""
         ...
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What an engine holds right now, for the server's live console."""
+
+    device: str  # e.g. "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)"
+    base_models: tuple[str, ...]  # base models loaded in memory
+    # Accelerator memory in use by this process and the device's total (None on CPU).
+    accelerator_memory_bytes: int | None = None
+    accelerator_memory_total_bytes: int | None = None
 
 
 @runtime_checkable
