@@ -29,7 +29,7 @@ run: $(STAMP)
 # The import-linter contracts in pyproject.toml (layers, no cycles) first: seconds, not minutes.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(VPY) -m pytest -q -x --durations=15
+	$(VPY) -m pytest -q -x -rs --durations=15
 
 lint: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks

@@ -85,6 +85,9 @@ def test_serve_prints_how_to_connect_and_serves() -> None:
         base_url = first.split(" at ", 1)[1].strip()
         assert f"TINKER_BASE_URL={base_url}" in "".join(proc.stdout.readline() for _ in range(3))
         assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+        console = [proc.stdout.readline() for _ in range(4)][-1]
+        assert f"Web console: {base_url}/ (from this machine)" in console, console
+        assert 'id="live"' in httpx.get(f"{base_url}/", timeout=10).text
         with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
             sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
             assert sampler.get_base_model() == config.TINY_TEST_MODEL

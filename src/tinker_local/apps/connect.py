@@ -1,16 +1,23 @@
 """The service client every command uses: a server embedded in this process unless a URL is
-given. The one place above the libraries that decides where a client comes from."""
+given. The one place above the libraries that decides where a client comes from, and where a
+command tells that server about its log directory (for the web console's plots)."""
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tinker_local.config import LOCAL_API_KEY
 
 if TYPE_CHECKING:
     import tinker
+
+logger = logging.getLogger("tinker_local")
+
+# tinker-local's console endpoint (server/console/api.py); other servers answer 404.
+LOG_DIRS_ROUTE = "/api/v1/console/log_dirs"
 
 
 def service_client(base_url: str | None = None) -> tinker.ServiceClient:
@@ -24,6 +31,49 @@ def service_client(base_url: str | None = None) -> tinker.ServiceClient:
     from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
+
+
+def _server(base_url: str | None) -> tuple[str, str]:
+    """(URL, API key) of the server `service_client(base_url)` talks to."""
+    if base_url:
+        return base_url.rstrip("/"), os.environ.get("TINKER_API_KEY", LOCAL_API_KEY)
+    from tinker_local.apps.embedded import embedded_server
+
+    return embedded_server().base_url, LOCAL_API_KEY
+
+
+def register_log_dir(log_dir: str | Path, command: str, base_url: str | None = None) -> str | None:
+    """Register a run's log directory with its server, whose web console then plots its
+    `metrics.jsonl` and shows its transcripts; returns the run's console URL. Best effort: a
+    server without a console (hosted Tinker answers 404), one that cannot read the folder (on
+    another machine) or a network error only costs the plots, never the run."""
+    import httpx
+
+    folder = Path(log_dir).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    url, key = _server(base_url)
+    try:
+        answer = httpx.post(
+            url + LOG_DIRS_ROUTE,
+            json={"log_dir": str(folder), "command": command},
+            headers={"X-API-Key": key},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        logger.info("could not register %s with the server's console: %s", folder, exc)
+        return None
+    if answer.status_code == 404:
+        return None  # a server without tinker-local's console
+    if answer.status_code != 200:
+        try:
+            why = answer.json().get("error", answer.text)
+        except ValueError:
+            why = answer.text
+        logger.warning("the server's console will not plot this run: %s", why)
+        return None
+    console_url = url + answer.json()["console_path"]
+    logger.info("this run in the server's web console: %s", console_url)
+    return console_url
 
 
 def tokenizer_for(base_model: str, base_url: str | None = None) -> Any:

@@ -56,7 +56,12 @@ from tinker_local.apps.collect import (
     debate_roles,
     load_debate_problems,
 )
-from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client, tokenizer_for
+from tinker_local.apps.connect import (
+    quiet_sdk_polling_logs,
+    register_log_dir,
+    service_client,
+    tokenizer_for,
+)
 from tinker_local.apps.rl import datasets_for
 from tinker_local.apps.tracking_args import add_tracking_args
 from tinker_local.config import DEFAULT_BASE_MODEL
@@ -417,7 +422,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinker-local pipeline: {message}", file=sys.stderr)
         return 2
     quiet_sdk_polling_logs()
-    outcome = run_pipeline(cfg, service_client(args.base_url), rl_datasets=rl_datasets)
+    client = service_client(args.base_url)
+    # One registration for every stage: the console plots each stage folder's metrics.jsonl.
+    register_log_dir(cfg.root, "pipeline", args.base_url)
+    outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
     print(outcome.summary() + markdown_table(outcome.results))
     print(f"reports in {cfg.root / 'eval'}")
     return 1 if outcome.failed else 0

@@ -26,7 +26,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tinker_local import presets
-from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client, tokenizer_for
+from tinker_local.apps.connect import (
+    quiet_sdk_polling_logs,
+    register_log_dir,
+    service_client,
+    tokenizer_for,
+)
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.step_metrics import eval_task_names
 from tinker_local.rl.train import TrainResult, run
@@ -194,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _fail(_message(error))
     service["client"] = client = service_client(args.base_url)
+    register_log_dir(cfg.log_dir, "rl", args.base_url)
 
     def datasets(_tokenizer: Any) -> tuple[Any, Any]:
         return train, test

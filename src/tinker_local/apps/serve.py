@@ -269,7 +269,9 @@ def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
         f"  export TINKER_BASE_URL={server.base_url}\n"
         f"  export TINKER_API_KEY={key}\n"
         f"  export NO_PROXY=127.0.0.1,localhost\n"
-        "or in Python: tinker.ServiceClient(base_url=..., api_key=...). Ctrl-C stops.",
+        "or in Python: tinker.ServiceClient(base_url=..., api_key=...). Ctrl-C stops.\n"
+        f"Web console: {server.base_url}/"
+        + (" (log in with an API key)" if keys else " (from this machine)"),
         flush=True,
     )
     if args.run_url_file is not None:  # written whole, then renamed: `run` polls for it

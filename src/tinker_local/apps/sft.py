@@ -20,7 +20,7 @@ import typing
 from typing import Any
 
 from tinker_local import presets
-from tinker_local.apps.connect import service_client
+from tinker_local.apps.connect import register_log_dir, service_client
 from tinker_local.sl.config import SFTConfig, load_config_file
 from tinker_local.tracking import check_available
 
@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tinker_local.sl.train import train  # after parsing: bad flags fail fast
 
-    result = train(config, service_client(args.base_url), stop_after_steps=args.stop_after_steps)
+    client = service_client(args.base_url)
+    register_log_dir(config.log_dir, "sft", args.base_url)
+    result = train(config, client, stop_after_steps=args.stop_after_steps)
     status = "finished" if result.finished else "paused (run again to resume)"
     print(f"SFT {status} after {result.steps} steps; log dir {result.log_dir}")
     if result.best is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineFactory",
+    "EngineStatus",
     "FaultReporting",
     "ForwardBackwardCall",
     "LoraSpec",
@@ -67,6 +68,7 @@ __all__ = [
     "SampleOutcome",
     "SamplingBackend",
     "SamplingRequest",
+    "StatusReporting",
     "check_custom_loss",
     "read_checkpoint_meta",
     "write_checkpoint_meta",
@@ -338,6 +340,28 @@ class SamplingBackend(Protocol):
 
     def run(self, between: Callable[[], bool]) -> None:
         """Advance until idle, or until `between()` returns True."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What an engine holds right now, for the server's live console."""
+
+    device: str  # e.g. "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)"
+    base_models: tuple[str, ...]  # base models loaded in memory
+    # Accelerator memory in use by this process and the device's total (None on CPU).
+    accelerator_memory_bytes: int | None = None
+    accelerator_memory_total_bytes: int | None = None
+
+
+@runtime_checkable
+class StatusReporting(Protocol):
+    """An engine that says what it holds (optional: the server asks
+    `isinstance(engine, StatusReporting)` and shows "not reported" otherwise)."""
+
+    def status(self) -> EngineStatus:
+        """Unlike every other call, any thread may make this one, while a job runs: it only
+        reads what the engine holds (the console asks from the server's event loop)."""
         ...
 
 

@@ -33,6 +33,7 @@ from tinker_local.engine.contract import (
     OPTIMIZERS,
     CheckpointMeta,
     CustomLoss,
+    EngineStatus,
     ForwardBackwardCall,
     LoraSpec,
     LossInputs,
@@ -177,6 +178,19 @@ class Engine:
     @staticmethod
     def available_models() -> list[str]:
         return models.available_models()
+
+    def status(self) -> EngineStatus:
+        """`contract.StatusReporting`: reads only, so any thread may call it."""
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return EngineStatus(str(device), tuple(self._bases))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return EngineStatus(
+            f"{device} ({torch.cuda.get_device_name(index)})",
+            tuple(self._bases),
+            torch.cuda.memory_allocated(index),
+            torch.cuda.get_device_properties(index).total_memory,
+        )
 
     # ---- training models ---------------------------------------------------------------------
 

@@ -6,6 +6,9 @@
   owner whose request made them; any other owner gets the same 404 as for an id that does not
   exist. The owner is a short hash of the key, so the key itself is never written to disk.
 - Request bodies larger than `max_body_bytes` get a 413.
+- The web console (every path outside `/api/`, see `server/console/`) also takes the owner from
+  its login cookie, which names an owner and is signed by the server; a console page asked for
+  without a key or cookie redirects to the login form. The cookie is never accepted on `/api/`.
 
 The owner of the request being handled is kept in a context variable set by the middleware:
 state lookups read it with `current_owner()`, and background tasks spawned while handling the
@@ -20,6 +23,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from tinker_local.server.errors import ApiError
 
@@ -30,6 +34,12 @@ OPEN_PATHS = frozenset({"/api/v1/healthz"})
 SIGNED_PREFIX = "/api/v1/signed/"
 # Where a run's owner is written, inside the run's checkpoint folder.
 OWNER_FILE = ".owner"
+API_PREFIX = "/api/"
+# The console's login cookie, and the console paths served without one (the login form and
+# the stylesheet and script it uses).
+CONSOLE_COOKIE = "tinker_local_console"
+CONSOLE_LOGIN = "/login"
+CONSOLE_STATIC = "/console/static/"
 
 _owner: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_local_owner")
 
@@ -139,8 +149,42 @@ class BodyTooLarge(ApiError):
         )
 
 
+class NotLoggedIn(ApiError):
+    """A console page without a key or a valid login cookie."""
+
+    def __init__(self) -> None:
+        super().__init__(401, "log in to the tinker-local console with one of the server's API keys")
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    for header, value in scope.get("headers") or []:
+        if header == b"cookie":
+            for part in value.decode("latin-1").split(";"):
+                key, _, found = part.strip().partition("=")
+                if key == name and found:
+                    return found
+    return None
+
+
+async def _redirect_to_login(scope: Scope, send: Send) -> None:
+    here = scope.get("path") or "/"
+    query = scope.get("query_string") or b""
+    if query:
+        here += "?" + query.decode("latin-1")
+    location = f"{CONSOLE_LOGIN}?{urlencode({'next': here})}"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [(b"location", location.encode()), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
 class AccessMiddleware:
-    """Pure ASGI middleware: API key or loopback check, owner, body size limit."""
+    """Pure ASGI middleware: API key, console cookie or loopback check, owner, body size
+    limit."""
 
     def __init__(
         self,
@@ -149,18 +193,24 @@ class AccessMiddleware:
         keys: Callable[[], frozenset[str]],
         max_body_bytes: Callable[[], int],
         token_owner: Callable[[str], str | None] = lambda _token: None,
+        cookie_owner: Callable[[str], str | None] = lambda _cookie: None,
     ) -> None:
         self.app = app
         self._keys = keys
         self._max_body_bytes = max_body_bytes
         # The owner named by a JWT of this server's auth exchange (auth_tokens.py), or None.
         self._token_owner = token_owner
+        # The owner named by a valid console login cookie (console/auth.py), or None.
+        self._cookie_owner = cookie_owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         owner = self._owner(scope)
+        if isinstance(owner, NotLoggedIn) and scope.get("method") in ("GET", "HEAD"):
+            await _redirect_to_login(scope, send)
+            return
         if isinstance(owner, ApiError):
             await _refuse(send, owner.status, owner.message, owner.headers)
             return
@@ -190,6 +240,9 @@ class AccessMiddleware:
         path = scope.get("path") or ""
         if path in OPEN_PATHS or path.startswith(SIGNED_PREFIX):
             return LOCAL_OWNER
+        console = not path.startswith(API_PREFIX)
+        if console and (path == CONSOLE_LOGIN or path.startswith(CONSOLE_STATIC)):
+            return LOCAL_OWNER  # the login form itself checks the key it is given
         for name, value in scope.get("headers") or []:
             if name == b"x-api-key":
                 key = value.decode("latin-1")
@@ -205,6 +258,13 @@ class AccessMiddleware:
                         headers={"WWW-Authenticate": INVALID_TOKEN},
                     )
                 return ApiError(401, "X-API-Key is not a key this tinker-local server accepts")
+        if console:
+            cookie = _cookie(scope, CONSOLE_COOKIE)
+            owner = self._cookie_owner(cookie) if cookie else None
+            # Only while its key is still configured: removing a key logs its browsers out.
+            if owner is not None and owner in {owner_of_key(k) for k in keys}:
+                return owner
+            return NotLoggedIn()
         return ApiError(401, "this tinker-local server needs an X-API-Key header")
 
 

@@ -40,6 +40,7 @@ from tinker_local.server import (
     wire,
 )
 from tinker_local.server.access import AccessMiddleware, current_owner
+from tinker_local.server.console import cookie_owner, install_console
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import TRY_AGAIN_STATUS, FutureRecord
 from tinker_local.server.service import Service
@@ -148,7 +149,10 @@ def create_app(svc: Service) -> FastAPI:
         keys=lambda: svc.settings.api_keys,
         max_body_bytes=lambda: svc.settings.max_body_bytes,
         token_owner=lambda token: auth_tokens.owner_of(svc.signer, token),
+        cookie_owner=lambda cookie: cookie_owner(svc.signer, cookie),
     )
+    # The web console at / (its pages, its one API call, its static files): server/console/.
+    install_console(app, svc)
 
     # -- client start-up, health ----------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from tinker_local.server.futures import JSON, FutureRecord, WireResult
 
 MAX_SPANS_PER_SESSION = 50_000
 MAX_SESSIONS = 1_000
+# How far back `recent` looks for requests still in flight.
+RECENT_LOOKBACK_S = 600.0
 _SEQUENCE_ID = 1
 
 
@@ -105,6 +107,21 @@ class RequestTrace:
     def spans(self, session_id: str) -> list[Span]:
         with self._lock:
             return list(self._by_session.get(session_id, ()))
+
+    def recent(self, since: float) -> list[Span]:
+        """Every owner's spans still open or ended at or after `since` (the live console's
+        server-wide figures). Each session's spans are read newest first and no further back
+        than `RECENT_LOOKBACK_S` before `since`, so the cost follows recent traffic."""
+        oldest = since - RECENT_LOOKBACK_S
+        found = []
+        with self._lock:
+            for spans in self._by_session.values():
+                for span in reversed(spans):
+                    if span.start < oldest:
+                        break
+                    if span.end is None or span.end >= since:
+                        found.append(span)
+        return found
 
     def spans_between(self, owner: str, start: float, end: float) -> list[Span]:
         with self._lock:

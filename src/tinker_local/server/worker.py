@@ -43,11 +43,13 @@ from tinker_local.engine.contract import (
     Engine,
     EngineError,
     EngineFactory,
+    EngineStatus,
     FaultReporting,
     LossInputs,
     SampleOutcome,
     SamplingBackend,
     SamplingRequest,
+    StatusReporting,
 )
 
 logger = logging.getLogger("tinker_local.server")
@@ -130,6 +132,12 @@ class EngineWorker:
         if not self._thread.is_alive() and not self._ready.done():
             self._thread.start()
         self._ready.result(timeout=timeout_s)
+
+    def engine_status(self) -> EngineStatus | None:
+        """What the engine holds now (None before it is built, or when it does not report
+        it): read from any thread, as `contract.StatusReporting` allows."""
+        engine = self._engine
+        return engine.status() if isinstance(engine, StatusReporting) else None
 
     def submit(
         self,
