@@ -26,7 +26,7 @@ import torch
 from tinker import types
 
 from tinker_local.engine.errors import user_error
-from tinker_local.engine.optimizer import OPTIMIZER_FORMAT, TrainableParams
+from tinker_local.engine.optimizer import TrainableParams
 
 
 def check_dimuon_params(params: types.DimuonParams) -> types.DimuonParams:
@@ -45,6 +45,7 @@ class DimuonOptimizer(TrainableParams):
     """Dimuon over one adapter's LoRA matrices, given as {stable name: parameter}."""
 
     family = "dimuon"
+    state_key = "muon"
 
     def __init__(self, params: dict[str, torch.nn.Parameter], rank: int):
         for name, param in params.items():
@@ -59,6 +60,7 @@ class DimuonOptimizer(TrainableParams):
         self.muon = torch.optim.Muon(
             self.params, lr=1.0, weight_decay=0.0, momentum=defaults.beta1, nesterov=False
         )
+        self.inner = self.muon
 
     def step(self, params: types.DimuonParams) -> dict[str, float]:
         """One Dimuon step on the accumulated gradients; returns `name:reduction` metrics."""
@@ -75,27 +77,4 @@ class DimuonOptimizer(TrainableParams):
                 direction = param - old  # Muon's step: -(shape factor) * O
                 norm = float(direction.norm())
                 param.copy_(old if norm == 0.0 else old + direction * (size / norm))
-        self.zero_grad()
-        self.steps += 1
-        return {
-            "grad_norm:mean": grad_norm,  # before clipping
-            "learning_rate:mean": float(params.learning_rate),
-            "step:max": float(self.steps),
-        }
-
-    def state_dict(self) -> dict:
-        return {
-            "format": OPTIMIZER_FORMAT,
-            "family": self.family,
-            "param_names": list(self.names),
-            "steps": self.steps,
-            "muon": self.muon.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        state = self.check_state(state)
-        try:
-            self.muon.load_state_dict(state["muon"])
-        except (ValueError, KeyError) as error:
-            raise user_error(f"optimizer state does not fit this adapter: {error}") from None
-        self.steps = int(state.get("steps", 0))
+        return self.finish_step(params.learning_rate, grad_norm)

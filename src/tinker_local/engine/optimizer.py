@@ -83,6 +83,38 @@ class TrainableParams:
                 p.grad.mul_(scale)
         return grad_norm
 
+    # ---- what every family shares: step bookkeeping and checkpoints ---------------------------
+
+    state_key = ""  # where the family's torch optimizer state sits in `state_dict()`
+    inner: torch.optim.Optimizer  # the family's torch optimizer, set by the subclass
+
+    def finish_step(self, learning_rate: float, grad_norm: float) -> dict[str, float]:
+        """After the family's update: drop the gradients, count the step, report it."""
+        self.zero_grad()
+        self.steps += 1
+        return {
+            "grad_norm:mean": grad_norm,  # before clipping
+            "learning_rate:mean": float(learning_rate),
+            "step:max": float(self.steps),
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "format": OPTIMIZER_FORMAT,
+            "family": self.family,
+            "param_names": list(self.names),
+            "steps": self.steps,
+            self.state_key: self.inner.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        state = self.check_state(state)
+        try:
+            self.inner.load_state_dict(state[self.state_key])
+        except (ValueError, KeyError) as error:
+            raise user_error(f"optimizer state does not fit this adapter: {error}") from None
+        self.steps = int(state.get("steps", 0))
+
     def check_params(self, params: object, expected: type) -> None:
         if not isinstance(params, expected):
             raise user_error(
@@ -109,6 +141,7 @@ class AdapterOptimizer(TrainableParams):
     """AdamW over one adapter's parameters, given as {stable name: parameter}."""
 
     family = "adamw"
+    state_key = "adamw"
 
     def __init__(self, params: dict[str, torch.nn.Parameter]):
         super().__init__(params)
@@ -120,6 +153,7 @@ class AdapterOptimizer(TrainableParams):
             eps=defaults.eps,
             weight_decay=defaults.weight_decay,
         )
+        self.inner = self.optimizer
 
     def step(self, adam: types.AdamParams) -> dict[str, float]:
         """One AdamW step on the accumulated gradients; returns `name:reduction` metrics.
@@ -137,29 +171,4 @@ class AdapterOptimizer(TrainableParams):
             group["eps"] = adam.eps
             group["weight_decay"] = adam.weight_decay
         self.optimizer.step()
-        self.zero_grad()
-        self.steps += 1
-        return {
-            "grad_norm:mean": grad_norm,  # before clipping
-            "learning_rate:mean": float(adam.learning_rate),
-            "step:max": float(self.steps),
-        }
-
-    # ---- checkpoints -----------------------------------------------------------------------
-
-    def state_dict(self) -> dict:
-        return {
-            "format": OPTIMIZER_FORMAT,
-            "family": self.family,
-            "param_names": list(self.names),
-            "steps": self.steps,
-            "adamw": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        state = self.check_state(state)
-        try:
-            self.optimizer.load_state_dict(state["adamw"])
-        except (ValueError, KeyError) as error:
-            raise user_error(f"optimizer state does not fit this adapter: {error}") from None
-        self.steps = int(state.get("steps", 0))
+        return self.finish_step(adam.learning_rate, grad_norm)
