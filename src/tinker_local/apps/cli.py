@@ -153,7 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, RuntimeError) as error:
             print(f"tinker-local {name}: error: {error}", file=sys.stderr)
             return 2
+    if _uses_models_by_name(name, rest):
+        from tinker_local.apps.offline import go_offline_if_hub_unreachable
+
+        go_offline_if_hub_unreachable()
     return int(SUBCOMMANDS[name][0]()(rest) or 0)
+
+
+def _uses_models_by_name(name: str, rest: list[str]) -> bool:
+    """Whether the command loads models or tokenizers by hub name without needing the hub, so
+    an unreachable hub should mean offline mode (apps/offline.py) rather than minutes of
+    retries. Downloads (`models pull`, `--allow-download`) report a missing hub themselves."""
+    if {"-h", "--help", "--allow-download"} & set(rest):
+        return False
+    return not (name == "models" and rest[:1] == ["pull"])
 
 
 if __name__ == "__main__":

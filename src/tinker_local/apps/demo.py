@@ -30,6 +30,7 @@ from typing import Any
 
 from tinker_local.apps import warmup
 from tinker_local.apps.connect import service_client
+from tinker_local.apps.offline import go_offline_if_hub_unreachable
 from tinker_local.apps.progress import ProgressDisplay, RunClock
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.stats import jeffreys_interval
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "tinker-local/tiny-llama) is for quick looks and tests",
     )
     args = parser.parse_args(argv)
+    go_offline_if_hub_unreachable()
     log_dir = args.log_dir or f"runs/rl-demo-seed{args.seed}"
     cfg = demo_config(
         log_dir,

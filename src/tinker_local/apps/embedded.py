@@ -14,6 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tinker_local import config
+from tinker_local.apps.offline import go_offline_if_hub_unreachable
 
 if TYPE_CHECKING:
     import tinker
@@ -84,6 +85,7 @@ def ServiceClient(
             )
     import tinker
 
+    go_offline_if_hub_unreachable()
     server = embedded_server(device=device, dtype=dtype)
     # SDK telemetry would only be posted to this same process and dropped.
     os.environ.setdefault("TINKER_TELEMETRY", "0")
