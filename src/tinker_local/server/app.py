@@ -1,7 +1,8 @@
 """HTTP routes: the wire protocol of the official `tinker` SDK (0.38).
 
 Routes only parse and answer; what a call does lives in `training.py`, `sampling.py` and
-`sessions.py`. JSON bodies are validated with the SDK's own request types. Every refusal is a
+`sessions.py`. The RestClient's routes (runs, checkpoints, sessions, usage) are in
+`rest_routes.py`, the web console's in `console/`. JSON bodies are validated with the SDK's own request types. Every refusal is a
 4xx with a JSON body `{"error": ..., "detail": ...}` naming the problem.
 """
 
@@ -9,33 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
-import pydantic
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tinker import types
 
 from tinker_local.server import (
-    audit,
     auth_tokens,
     completions,
-    copy_weights,
     custom_losses,
     external_weights,
-    rest,
+    rest_routes,
     restore_samplers,
     sampling,
-    session_views,
     sessions,
     training,
-    usage,
     weights,
     wire,
 )
@@ -43,11 +38,10 @@ from tinker_local.server.access import AccessMiddleware, current_owner
 from tinker_local.server.console import cookie_owner, install_console
 from tinker_local.server.errors import ApiError
 from tinker_local.server.futures import TRY_AGAIN_STATUS, FutureRecord
+from tinker_local.server.parsing import parse_body
 from tinker_local.server.service import Service
 
 logger = logging.getLogger("tinker_local.server")
-
-M = TypeVar("M", bound=pydantic.BaseModel)
 
 # forward_backward bodies above this size are decoded off the event loop.
 _DECODE_INLINE_BYTES = 256 * 1024
@@ -57,39 +51,11 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message, "detail": message}, status_code=status, headers=headers)
 
 
-def _validation_summary(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{where}: {err.get('msg')}")
-    more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
-    return "; ".join(parts) + more
-
-
-async def _parse(request: Request, model: type[M], what: str) -> M:
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"{what}: request body is not valid JSON ({exc})") from exc
-    try:
-        return model.model_validate(data)
-    except pydantic.ValidationError as exc:
-        raise ApiError(400, f"invalid {what} request: {_validation_summary(exc)}") from exc
-
-
 def _future_answer(record: FutureRecord, model_id: str | None = None) -> dict[str, Any]:
     answer: dict[str, Any] = {"request_id": record.request_id}
     if model_id is not None:
         answer["model_id"] = model_id
     return answer
-
-
-async def _json(request: Request, what: str) -> Any:
-    try:
-        return json.loads(await request.body() or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"{what}: request body is not valid JSON ({exc})") from exc
 
 
 def _trace(
@@ -198,12 +164,12 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/create_session")
     async def create_session(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.CreateSessionRequest, "create_session")
+        req = await parse_body(request, types.CreateSessionRequest, "create_session")
         return sessions.create_session(svc, req)
 
     @app.post("/api/v1/session_heartbeat")
     async def session_heartbeat(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SessionHeartbeatRequest, "session_heartbeat")
+        req = await parse_body(request, types.SessionHeartbeatRequest, "session_heartbeat")
         return sessions.heartbeat(svc, req)
 
     @app.post("/api/v1/sessions/{session_id}/finish")
@@ -218,13 +184,13 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.CreateModelRequest, "create_model")
+        req = await parse_body(request, types.CreateModelRequest, "create_model")
         record = training.create_model(svc, req)
         return _future_answer(record)
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.GetInfoRequest, "get_info")
+        req = await parse_body(request, types.GetInfoRequest, "get_info")
         return await training.get_info(svc, req)
 
     @app.post("/api/v1/forward_backward")
@@ -249,35 +215,35 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.OptimStepRequest, "optim_step")
+        req = await parse_body(request, types.OptimStepRequest, "optim_step")
         record = training.optim_step(svc, req)
         _trace(svc, req.model_id, "optim_step", record)
         return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SaveWeightsRequest, "save_weights")
+        req = await parse_body(request, types.SaveWeightsRequest, "save_weights")
         record = weights.save_weights(svc, req)
         _trace(svc, req.model_id, "save_weights", record)
         return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
+        req = await parse_body(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
         record = weights.save_weights_for_sampler(svc, req)
         _trace(svc, req.model_id, "save_weights_for_sampler", record)
         return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/save_weights_external")
     async def save_weights_external(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SaveWeightsExternalRequest, "save_weights_external")
+        req = await parse_body(request, types.SaveWeightsExternalRequest, "save_weights_external")
         record = external_weights.save_weights_external(svc, req)
         _trace(svc, req.model_id, "save_weights_external", record)
         return _future_answer(record, req.model_id)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.LoadWeightsRequest, "load_weights")
+        req = await parse_body(request, types.LoadWeightsRequest, "load_weights")
         return _future_answer(weights.load_weights(svc, req), req.model_id)
 
     @app.post("/api/v1/create_custom_loss")
@@ -297,7 +263,7 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.CreateSamplingSessionRequest, "create_sampling_session")
+        req = await parse_body(request, types.CreateSamplingSessionRequest, "create_sampling_session")
         return await sampling.create_sampling_session(svc, req)
 
     @app.get("/api/v1/samplers/{sampler_id}")
@@ -307,159 +273,26 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SampleRequest, "asample")
+        req = await parse_body(request, types.SampleRequest, "asample")
         # A sampler made before a restart is loaded again first (or answers 410).
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
         return sampling.asample(svc, req)
 
     @app.post("/api/v1/join_sampling_session")
     async def join_sampling_session(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.JoinSamplingSessionRequest, "join_sampling_session")
+        req = await parse_body(request, types.JoinSamplingSessionRequest, "join_sampling_session")
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
         return completions.join(svc.state, req)
 
-    # -- RestClient: training runs and checkpoints ----------------------------------------------
+    # -- RestClient: training runs, checkpoints, sessions, usage (rest_routes.py) -------------
 
-    @app.get("/api/v1/training_runs")
-    async def list_training_runs(
-        limit: int = Query(20, ge=1, le=10_000), offset: int = Query(0, ge=0)
-    ) -> dict[str, Any]:
-        return await rest.list_training_runs(svc, limit, offset)
-
-    @app.get("/api/v1/training_runs/{run_id}")
-    async def get_training_run(run_id: str) -> dict[str, Any]:
-        return await rest.get_training_run(svc, run_id)
-
-    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
-    async def list_run_checkpoints(run_id: str) -> dict[str, Any]:
-        return await rest.list_run_checkpoints(svc, run_id)
-
-    checkpoint_route = "/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}"
-
-    @app.get(checkpoint_route + "/external_weights_urls")
-    async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> Any:
-        if kind != external_weights.KIND:
-            raise ApiError(
-                400,
-                f"get_external_weights_urls only serves external weights checkpoints "
-                f"(tinker://RUN/external_weights/NAME), got {kind}/{name}",
-            )
-        base = str(request.base_url)
-        return await external_weights.urls(svc, run_id, name, base, current_owner())
-
-    @app.post(checkpoint_route + "/publish")
-    async def publish_checkpoint(run_id: str, kind: str, name: str) -> Response:
-        rest.set_public(svc, run_id, f"{kind}/{name}", True)
-        return Response(status_code=204)
-
-    # Before the catch-all delete route below, which would take ".../publish" for a name.
-    @app.delete(checkpoint_route + "/publish")
-    async def unpublish_checkpoint(run_id: str, kind: str, name: str) -> Response:
-        rest.set_public(svc, run_id, f"{kind}/{name}", False)
-        return Response(status_code=204)
-
-    @app.put(checkpoint_route + "/ttl")
-    async def set_checkpoint_ttl(run_id: str, kind: str, name: str, request: Request) -> Response:
-        rest.set_ttl(svc, run_id, f"{kind}/{name}", await _json(request, "checkpoint ttl"))
-        return Response(status_code=204)
-
-    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
-    async def delete_checkpoint(run_id: str, checkpoint_id: str) -> dict[str, Any]:
-        await rest.delete_checkpoint(svc, run_id, checkpoint_id)
-        return {}
-
-    @app.post("/api/v1/copy_weights")
-    async def copy_weights_route(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.CopyWeightsRequest, "copy_weights")
-        token = request.headers.get("x-tinker-weights-access-token")
-        key = request.headers.get("x-idempotency-key")
-        return copy_weights.copy(svc, req, token, key)
-
-    @app.get("/api/v1/signed/external_weights/{run_id}/{name}/{relative:path}")
-    async def signed_external_file(
-        run_id: str, name: str, relative: str, expires: int = Query(...), signature: str = Query(...)
-    ) -> FileResponse:
-        path = external_weights.signed_file(svc, run_id, name, relative, expires, signature)
-        return FileResponse(path, media_type="application/octet-stream")
-
-    @app.get("/api/v1/checkpoints")
-    async def list_checkpoints(
-        limit: int = Query(100, ge=1, le=10_000), offset: int = Query(0, ge=0)
-    ) -> dict[str, Any]:
-        return await rest.list_all_checkpoints(svc, limit, offset)
-
-    @app.post("/api/v1/weights_info")
-    async def weights_info(request: Request) -> dict[str, Any]:
-        try:
-            path = json.loads(await request.body())["tinker_path"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ApiError(400, "weights_info needs a JSON body with tinker_path") from exc
-        return await rest.weights_info(svc, path)
-
-    # -- RestClient: sessions, identity, usage ---------------------------------------------------
-
-    @app.get("/api/v1/sessions")
-    async def list_sessions(
-        limit: int = Query(20, ge=1, le=10_000),
-        offset: int = Query(0, ge=0),
-        access_scope: str = Query("owned"),
-    ) -> dict[str, Any]:
-        return session_views.list_sessions(svc, limit, offset, access_scope)
-
-    @app.post("/api/v1/sessions/search")
-    async def search_sessions(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.SessionSearchRequest, "sessions/search")
-        return session_views.search_sessions(svc, req)
-
-    @app.get("/api/v1/sessions/{session_id}")
-    async def get_session(session_id: str, access_scope: str = Query("owned")) -> dict[str, Any]:
-        return session_views.get_session(svc, session_id, access_scope)
-
-    @app.put("/api/v1/sessions/{session_id}/project")
-    async def assign_session_project(session_id: str, request: Request) -> Response:
-        body = await _json(request, "assign_session_project")
-        project = body.get("project_id") if isinstance(body, dict) else None
-        session_views.assign_project(svc, session_id, project)
-        return Response(status_code=204)
-
-    @app.get("/api/v1/sessions/{session_id}/trace_export")
-    async def trace_export(session_id: str, request: Request) -> dict[str, Any]:
-        return session_views.export_trace(svc, session_id, str(request.base_url))
-
-    @app.get("/api/v1/signed/session_trace/{owner}/{session_id}.pftrace")
-    async def signed_trace(
-        owner: str, session_id: str, expires: int = Query(...), signature: str = Query(...)
-    ) -> Response:
-        data = session_views.trace_file(svc, owner, session_id, expires, signature)
-        return Response(content=data, media_type="application/octet-stream")
-
-    @app.get("/api/v1/audit")
-    async def audit_log(event_type: str = Query("all"), day: str | None = Query(None)) -> Any:
-        if event_type not in audit.EVENT_TYPES:
-            raise ApiError(
-                400, f"event_type must be one of {sorted(audit.EVENT_TYPES)}, got {event_type!r}"
-            )
-        try:
-            when = datetime.date.fromisoformat(day) if day else datetime.datetime.now(
-                datetime.timezone.utc
-            ).date()
-        except ValueError as exc:
-            raise ApiError(400, f"day must be a date like 2025-01-15, got {day!r}") from exc
-        return {"entries": svc.audit.entries(current_owner(), event_type, when)}
-
-    @app.get("/api/v1/billing/usage/events")
-    async def billing_usage(starting_on: str = Query(...), ending_before: str = Query(...)) -> Any:
-        return usage.billing_events(svc, starting_on, ending_before)
-
-    @app.get("/api/v1/billing/usage/checkpoints/current")
-    async def checkpoint_storage(project_id: str | None = Query(None)) -> Any:
-        return await usage.checkpoint_storage(svc, project_id)
+    app.include_router(rest_routes.router(svc))
 
     # -- futures --------------------------------------------------------------------------------
 
     @app.post("/api/v1/retrieve_futures")
     async def retrieve_futures(request: Request) -> dict[str, Any]:
-        req = await _parse(request, types.FuturesRetrieveRequest, "retrieve_futures")
+        req = await parse_body(request, types.FuturesRetrieveRequest, "retrieve_futures")
         await restore_samplers.ensure_sampler(svc, req.target.sampling_session_id)
         return await svc.completions.poll(
             svc.state, svc.futures, svc.settings.long_poll_s, req
@@ -467,7 +300,7 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
-        req = await _parse(request, types.FutureRetrieveRequest, "retrieve_future")
+        req = await parse_body(request, types.FutureRetrieveRequest, "retrieve_future")
         record = svc.futures.get(req.request_id)
         if record is None or record.owner != current_owner():
             stored = svc.futures.stored(req.request_id, current_owner())
