@@ -710,24 +710,30 @@ def _ordered_cases(ids: Ids, first_seq_id: int) -> list[tuple[str, dict[str, Any
 # -- the test -----------------------------------------------------------------------------------
 
 
+def _case_failures(http: httpx.Client, cases: list[Case]) -> list[str]:
+    """What went wrong with each case's answer: not its status, no JSON error body, a message
+    without the expected piece, or one too vague to help."""
+    failures = []
+    for case in cases:
+        answer = http.request(case.method, case.path, **case.kwargs)
+        try:
+            message = answer.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            failures.append(f"{case.name}: {answer.status_code} without a JSON error body")
+            continue
+        if answer.status_code not in case.status or case.expect not in message:
+            failures.append(f"{case.name}: {answer.status_code} {message!r}")
+        elif case.status == (400,) and case.expect == "" and len(message) < 10:
+            failures.append(f"{case.name}: message too vague: {message!r}")
+    return failures
+
+
 def test_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
     server: FakeServer, ids: Ids, tmp_path: Path
 ) -> None:
     cases = _json_cases() + _field_cases(ids) + _proto_cases(ids) + _rest_cases(ids)
-    failures = []
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        for case in cases:
-            answer = http.request(case.method, case.path, **case.kwargs)
-            try:
-                message = answer.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                failures.append(f"{case.name}: {answer.status_code} without a JSON error body")
-                continue
-            if answer.status_code not in case.status or case.expect not in message:
-                failures.append(f"{case.name}: {answer.status_code} {message!r}")
-            elif case.status == (400,) and case.expect == "" and len(message) < 10:
-                failures.append(f"{case.name}: message too vague: {message!r}")
-
+        failures = _case_failures(http, cases)
         ordered = _ordered_cases(ids, first_seq_id=5)
         for route, kwargs, expect in ordered:
             posted = http.post(f"/api/v1/{route}", **kwargs)
@@ -992,7 +998,6 @@ def _surface_ordered(model_id: str) -> list[tuple[str, dict[str, Any], str]]:
 def test_surface_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
     server: FakeServer, ids: Ids
 ) -> None:
-    failures = []
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         created = _post(
             http,
@@ -1001,15 +1006,7 @@ def test_surface_malformed_requests_get_named_4xx_and_the_server_keeps_serving(
         )
         model_id = json.loads(_wait(http, created["request_id"]).content)["model_id"]
         cases = _surface_sample_cases(ids) + _surface_rest_cases(ids, server)
-        for case in cases:
-            answer = http.request(case.method, case.path, **case.kwargs)
-            try:
-                message = answer.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                failures.append(f"{case.name}: {answer.status_code} without a JSON error body")
-                continue
-            if answer.status_code not in case.status or case.expect not in message:
-                failures.append(f"{case.name}: {answer.status_code} {message!r}")
+        failures = _case_failures(http, cases)
         ordered = _surface_ordered(model_id)
         for route, kwargs, expect in ordered:
             posted = http.post(f"/api/v1/{route}", **kwargs)
