@@ -213,33 +213,29 @@ def create_app(svc: Service) -> FastAPI:
         _trace(svc, msg.model_id, kind, record, {"training": tokens})
         return _future_answer(record, msg.model_id)
 
-    @app.post("/api/v1/optim_step")
-    async def optim_step(request: Request) -> dict[str, Any]:
-        req = await parse_body(request, types.OptimStepRequest, "optim_step")
-        record = training.optim_step(svc, req)
-        _trace(svc, req.model_id, "optim_step", record)
-        return _future_answer(record, req.model_id)
+    # Calls on a training model that answer with a future and are traced as one span each.
+    def model_call(name: str, request_type: type[Any], handle: Any) -> None:
+        async def route(request: Request) -> dict[str, Any]:
+            req = await parse_body(request, request_type, name)
+            record = handle(svc, req)
+            _trace(svc, req.model_id, name, record)
+            return _future_answer(record, req.model_id)
 
-    @app.post("/api/v1/save_weights")
-    async def save_weights(request: Request) -> dict[str, Any]:
-        req = await parse_body(request, types.SaveWeightsRequest, "save_weights")
-        record = weights.save_weights(svc, req)
-        _trace(svc, req.model_id, "save_weights", record)
-        return _future_answer(record, req.model_id)
+        route.__name__ = name
+        app.post(f"/api/v1/{name}")(route)
 
-    @app.post("/api/v1/save_weights_for_sampler")
-    async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
-        req = await parse_body(request, types.SaveWeightsForSamplerRequest, "save_weights_for_sampler")
-        record = weights.save_weights_for_sampler(svc, req)
-        _trace(svc, req.model_id, "save_weights_for_sampler", record)
-        return _future_answer(record, req.model_id)
-
-    @app.post("/api/v1/save_weights_external")
-    async def save_weights_external(request: Request) -> dict[str, Any]:
-        req = await parse_body(request, types.SaveWeightsExternalRequest, "save_weights_external")
-        record = external_weights.save_weights_external(svc, req)
-        _trace(svc, req.model_id, "save_weights_external", record)
-        return _future_answer(record, req.model_id)
+    model_call("optim_step", types.OptimStepRequest, training.optim_step)
+    model_call("save_weights", types.SaveWeightsRequest, weights.save_weights)
+    model_call(
+        "save_weights_for_sampler",
+        types.SaveWeightsForSamplerRequest,
+        weights.save_weights_for_sampler,
+    )
+    model_call(
+        "save_weights_external",
+        types.SaveWeightsExternalRequest,
+        external_weights.save_weights_external,
+    )
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
