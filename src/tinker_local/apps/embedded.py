@@ -46,6 +46,7 @@ def embedded_server(*, device: str | None = None, dtype: str | None = None) -> A
     with _lock:
         if _server is None:
             add_loopback_to_no_proxy()
+            go_offline_if_hub_unreachable()  # once, when the server starts
             _server = LocalServer(engine_factory(device=device, dtype=dtype)).start()
             _engine_options.update(wanted)
             atexit.register(shutdown_embedded_server)
@@ -85,7 +86,6 @@ def ServiceClient(
             )
     import tinker
 
-    go_offline_if_hub_unreachable()
     server = embedded_server(device=device, dtype=dtype)
     # SDK telemetry would only be posted to this same process and dropped.
     os.environ.setdefault("TINKER_TELEMETRY", "0")
