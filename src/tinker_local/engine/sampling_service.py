@@ -94,6 +94,18 @@ def prepare(request: SamplingRequest, resolve: Resolve) -> Prepared:
     return Prepared(request, slot, valid)
 
 
+def prepare_or_answer(
+    request: SamplingRequest, resolve: Resolve, done: SampleDone
+) -> Prepared | None:
+    """`prepare(request)`, or None after answering `done` with the EngineError that refused it
+    (every backend's `submit` starts this way)."""
+    try:
+        return prepare(request, resolve)
+    except EngineError as error:
+        done(error)
+        return None
+
+
 class ContinuousSampling:
     """The built-in backend (see the module docstring)."""
 
@@ -112,10 +124,8 @@ class ContinuousSampling:
         return self._in_flight
 
     def submit(self, request: SamplingRequest, done: SampleDone) -> None:
-        try:
-            prepared = prepare(request, self._resolve)
-        except EngineError as error:
-            done(error)
+        prepared = prepare_or_answer(request, self._resolve, done)
+        if prepared is None:
             return
         self.submit_prepared(prepared, done)
 

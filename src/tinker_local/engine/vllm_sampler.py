@@ -67,7 +67,7 @@ from tinker_local.engine.sampling_service import (
     Resolve,
     SamplerSlot,
     WriteAdapter,
-    prepare,
+    prepare_or_answer,
 )
 
 logger = logging.getLogger(__name__)
@@ -216,10 +216,8 @@ class VllmSampling:
         return len(self._pending) + self.builtin.in_flight
 
     def submit(self, request: SamplingRequest, done: SampleDone) -> None:
-        try:
-            prepared = prepare(request, self._resolve)
-        except EngineError as error:
-            done(error)
+        prepared = prepare_or_answer(request, self._resolve, done)
+        if prepared is None:
             return
         reason = self._builtin_reason(prepared.valid)
         if reason is None:
