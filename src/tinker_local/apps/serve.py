@@ -209,6 +209,13 @@ def serve_main(argv: list[str]) -> int:
     return serve_with(parser, args, factory)
 
 
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as huggingface_hub itself reads it."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
                make_engine: Any) -> int:
     """Serve with the engine `make_engine` builds (a single process's, or rank 0's of a
@@ -230,8 +237,7 @@ def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
         from tinker_local.server.service import ServerSettings
 
         settings = ServerSettings()
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if args.allow_download and offline:
+    if args.allow_download and _hub_offline():
         parser.error("--allow-download needs the hub, but HF_HUB_OFFLINE is set; unset it")
     home_lock = _lock_home() if args.run_url_file is None else True
     if home_lock is None:
