@@ -15,6 +15,7 @@ from smollm2_tokenizer import load_smollm2_tokenizer
 from tinker_local import config
 from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl import train as train_module
 from tinker_local.rl.train import run
 from tinker_local.rl.types import Env, EnvGroupBuilder, RLDataset, StepResult
 
@@ -154,6 +155,33 @@ def test_resume_continues_exactly_where_it_stopped(bandit, tmp_path):
     before = rows(paused.log_dir)
     again = run(paused, datasets(), service_client=client)
     assert again.steps_done == 8 and rows(paused.log_dir) == before
+
+
+class KilledAfterTheRecord(BaseException):
+    """Stands for SIGKILL: not an Exception, so nothing in the loop handles it."""
+
+
+def test_a_run_killed_just_after_a_checkpoint_record_keeps_that_steps_row(
+    bandit, tmp_path, monkeypatch
+):
+    _, client = bandit
+    c = cfg(tmp_path, max_steps=6, eval_every=0, save_every=2)
+    real_save = train_module.save_checkpoint
+
+    async def save_then_die(*args, **kwargs):
+        await real_save(*args, **kwargs)  # the record is on disk: the resume starts after it
+        raise KilledAfterTheRecord
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_die)
+    with pytest.raises(KilledAfterTheRecord):
+        run(c, datasets(), service_client=client)
+    assert checkpoints.last_record(c.log_dir).step == 2
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    run(c, datasets(), service_client=client)
+    train = [r for r in rows(c.log_dir) if "reward/mean" in r]
+    assert [r["step"] for r in train] == list(range(6))  # step 1's row predates its record: kept
+    saves = [r for r in rows(c.log_dir) if "time/save" in r]  # the killed save measured nothing
+    assert [r["step"] for r in saves] == [3] and saves[0]["checkpoints/live"] >= 1
 
 
 def test_async_off_policy_with_streaming_minibatches(bandit, tmp_path):

@@ -1,7 +1,8 @@
 """Everything a run writes to its log directory.
 
-- `metrics.jsonl`: one JSON object per step (and per evaluation), appended and flushed as they
-  come, so a killed run keeps what it measured.
+- `metrics.jsonl`: one JSON object per step (and per evaluation, and per checkpoint: its
+  `time/save` and disk use), appended and flushed as they come, so a killed run keeps what it
+  measured.
 - `run_metadata.json`: arguments, the environment variables that change behaviour, package
   versions, git commit; a resumed run appends itself to `runs`.
 - `transcripts.jsonl`: a few decoded episodes per step.

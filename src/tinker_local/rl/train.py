@@ -207,15 +207,19 @@ class Trainer:
             and step + 1 - self.start_step >= self.stop_after_steps
             and step + 1 < cfg.max_steps
         )
+        values["time/total"] = time.perf_counter() - step_started
+        # The step's row is on disk before its checkpoint record: a run killed in between resumes
+        # at this step's end and still has the row (written the other way round, it lost it).
+        self.log.log(step, values)
+        self.log.transcripts(step, transcripts(self.tokenizer, groups[: cfg.transcripts_per_step]))
         periodic = cfg.save_every and (step + 1) % cfg.save_every == 0
         if (periodic or pause) and step + 1 < cfg.max_steps:
             save_started = time.perf_counter()
             await self.save(step + 1, final=False)
-            values["time/save"] = time.perf_counter() - save_started
-            values.update(self._checkpoint_values)
-        values["time/total"] = time.perf_counter() - step_started
-        self.log.log(step, values)
-        self.log.transcripts(step, transcripts(self.tokenizer, groups[: cfg.transcripts_per_step]))
+            saved = {"time/save": time.perf_counter() - save_started, **self._checkpoint_values}
+            self.log.log(step, saved)  # a row of its own, same step
+            values.update(saved)
+            values["time/total"] = time.perf_counter() - step_started
         if self.on_step is not None:
             self.on_step(step, values)
         return pause
