@@ -14,8 +14,8 @@ from smollm2_tokenizer import load_smollm2_tokenizer
 
 from tinker_local import config
 from tinker_local.rl import checkpoints
-from tinker_local.rl.config import RLConfig
 from tinker_local.rl import train as train_module
+from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run
 from tinker_local.rl.types import Env, EnvGroupBuilder, RLDataset, StepResult
 
