@@ -92,7 +92,7 @@ def test_killed_cli_run_resumes_at_the_right_step(tmp_path):
             records = checkpoints.read_records(log_dir) if log_dir.exists() else []
             if any(r.step >= 2 for r in records):
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be killed"
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
