@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import urllib.parse
+import weakref
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,47 @@ def builtin_model_folder() -> Path:
     from tinker_local.engine.models import resolve_model
 
     return resolve_model(config.DEFAULT_BASE_MODEL)
+
+
+# SDK sessions whose server has stopped. The SDK keeps heartbeating a session until its client is
+# garbage-collected, and a client held by a traceback or a cycle lives to the end of the run,
+# printing "Session heartbeat failed ... Tinker is down" every few seconds into later tests.
+
+_sdk_holders: weakref.WeakSet = weakref.WeakSet()
+
+
+def _record_sdk_holders() -> None:
+    from tinker.lib.internal_client_holder import InternalClientHolder
+
+    if getattr(InternalClientHolder.__init__, "_records_holders", False):
+        return
+    original_init = InternalClientHolder.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        _sdk_holders.add(self)
+
+    recording_init._records_holders = True
+    InternalClientHolder.__init__ = recording_init
+
+
+def _server_is_gone(base_url: str) -> bool:
+    url = urllib.parse.urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "127.0.0.1", port), timeout=0.5):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sdk_sessions_end_with_their_server():
+    """After each test module (autouse, so after its own server fixtures have stopped), close
+    the SDK sessions whose server no longer answers; sessions of a live server are left alone."""
+    _record_sdk_holders()
+    yield
+    for holder in list(_sdk_holders):
+        if _server_is_gone(holder._base_url):
+            holder.close()
+            _sdk_holders.discard(holder)
