@@ -149,15 +149,40 @@ def test_keys_file(tmp_path: Path) -> None:
 def test_without_keys_only_loopback_clients_are_served() -> None:
     app = create_app(Service(fake_engine_factory(FakeEngine())))
 
-    async def ask(client: tuple[str, int]) -> httpx.Response:
+    async def ask(client: tuple[str, int], host: str = "127.0.0.1:8000") -> httpx.Response:
         transport = httpx.ASGITransport(app=app, client=client)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as http:
             return await http.post("/api/v1/client/config", json={})
 
     remote = asyncio.run(ask(("10.1.2.3", 5000)))
     assert remote.status_code == 403 and "loopback" in remote.json()["error"]
     assert asyncio.run(ask(("127.0.0.1", 5000))).status_code == 200
-    assert asyncio.run(ask(("::1", 5000))).status_code == 200
+    assert asyncio.run(ask(("::1", 5000), "[::1]:8000")).status_code == 200
+    assert asyncio.run(ask(("127.0.0.1", 5000), "localhost:8000")).status_code == 200
+
+
+def test_without_keys_a_host_name_that_could_be_rebound_is_refused() -> None:
+    """A page on attacker.example whose name is re-pointed at 127.0.0.1 reaches the server as a
+    loopback client; with no keys it would drive the API as the local user."""
+    service = Service(fake_engine_factory(FakeEngine()))
+    app = create_app(service)
+
+    async def ask(host: str, keyed: bool = False) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        headers = {"X-API-Key": "tml-rebinding-test"} if keyed else {}
+        async with httpx.AsyncClient(
+            transport=transport, base_url=f"http://{host}", headers=headers
+        ) as http:
+            return await http.post("/api/v1/client/config", json={})
+
+    for host in ("attacker.example:8000", "attacker.example", "127.0.0.1.nip.io:8000"):
+        answer = asyncio.run(ask(host))
+        error = answer.json()["error"]
+        assert answer.status_code == 403 and "DNS rebinding" in error, host
+        assert repr(host.split(":")[0]) in error
+    # With keys, the key is the credential and any host name is fine.
+    service.settings.api_keys = frozenset({"tml-rebinding-test"})
+    assert asyncio.run(ask("gpu-box.lan:8000", keyed=True)).status_code == 200
 
 
 @pytest.mark.parametrize(

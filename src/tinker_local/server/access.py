@@ -1,7 +1,9 @@
 """Who may call, and whose things a call may see.
 
 - With API keys configured, every request (except healthz) needs `X-API-Key` set to one of
-  them; otherwise 401. Without keys, only loopback clients are served (403 for others).
+  them; otherwise 401. Without keys, only loopback clients are served (403 for others), and
+  only under an IP address or `localhost` as host name: a web page whose own host name is made
+  to resolve to 127.0.0.1 (DNS rebinding) would otherwise be a loopback client with no key.
 - Each key is an *owner*. Sessions, models, samplers, futures and checkpoints belong to the
   owner whose request made them; any other owner gets the same 404 as for an id that does not
   exist. The owner is a short hash of the key, so the key itself is never written to disk.
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import ipaddress
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from tinker_local.server.errors import ApiError
 
@@ -115,6 +118,25 @@ def _is_loopback(host: str | None) -> bool:
     if host in ("localhost", "::1") or host.startswith("127."):
         return True
     return host.startswith("::ffff:127.")
+
+
+def _rebindable_host_name(scope: Scope) -> str | None:
+    """The request's Host when it is a name that DNS could point anywhere (not `localhost`, not
+    an IP address); None otherwise, and when there is no Host header (no browser omits it)."""
+    for name, value in scope.get("headers") or []:
+        if name == b"host":
+            try:
+                host = urlsplit("//" + value.decode("latin-1")).hostname or ""
+            except ValueError:
+                return value.decode("latin-1")
+            if host == "localhost":
+                return None
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                return host
+            return None
+    return None
 
 
 # A JWT this server cannot verify: the SDK exchanges its key again and replays the request.
@@ -230,12 +252,21 @@ class AccessMiddleware:
         keys = self._keys()
         if not keys:
             client = scope.get("client")
-            if _is_loopback(client[0] if client else None):
+            if not _is_loopback(client[0] if client else None):
+                return ApiError(
+                    403,
+                    "this tinker-local server has no API keys configured, so it only serves "
+                    "loopback clients (start it with --api-key or --api-keys-file)",
+                )
+            host = _rebindable_host_name(scope)
+            if host is None:
                 return LOCAL_OWNER
             return ApiError(
                 403,
-                "this tinker-local server has no API keys configured, so it only serves "
-                "loopback clients (start it with --api-key or --api-keys-file)",
+                f"without API keys this server answers only to an IP address or localhost, not "
+                f"to the host name {host!r}: a web page could point a name of its own at this "
+                "machine (DNS rebinding). Use http://127.0.0.1:PORT, or start the server with "
+                "--api-key",
             )
         path = scope.get("path") or ""
         if path in OPEN_PATHS or path.startswith(SIGNED_PREFIX):

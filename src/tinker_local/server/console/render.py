@@ -3,7 +3,6 @@ and the route class that turns every refusal into a page instead of the API's JS
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
@@ -98,36 +97,16 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
     return page(request, "error.html", status=status, status_code=status, message=message)
 
 
-def check_host(request: Request) -> None:
-    """Without API keys a loopback browser needs no login, so a page from another site that
-    reaches this port through a host name of its own (DNS rebinding) would be served as the
-    local user. Such a server answers only to an IP address or `localhost`."""
-    if request.app.state.service.settings.api_keys:
-        return
-    host = request.url.hostname or ""
-    if host == "localhost":
-        return
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        raise ApiError(
-            403,
-            f"this console answers to an IP address or localhost, not to the host name "
-            f"{host!r}: without API keys a host name could be another site's (DNS rebinding). "
-            "Open it as http://127.0.0.1:PORT/",
-        ) from None
-
-
 class ConsoleRoute(APIRoute):
-    """Every console route: the host check, then the handler; an `ApiError` (from the console
-    or from the REST code it calls) or a bad parameter becomes an HTML error page."""
+    """Every console route: an `ApiError` (from the console or from the REST code it calls) or a
+    bad parameter becomes an HTML error page. Who may call at all (keys, cookie, loopback, host
+    name) is decided before, by `server/access.py`, for the API and the console alike."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def console_handler(request: Request) -> Response:
             try:
-                check_host(request)
                 return await handler(request)
             except ApiError as exc:
                 return error_page(request, exc.status, exc.message)
