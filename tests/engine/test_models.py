@@ -138,6 +138,18 @@ def test_failed_build_leaves_nothing_and_next_build_succeeds(tmp_path):
     assert len(calls) == 1, "a finished folder is reused, not rebuilt"
 
 
+def test_converting_the_builtin_gguf_prints_no_progress_bar(builtin_model_folder, tmp_path, capfd):
+    """A first `make run` converts the GGUF; transformers' GGUF reader draws its own tqdm bar,
+    which the newcomer's output must not show."""
+    dest = tmp_path / "converted"
+    dest.mkdir()
+    capfd.readouterr()
+    builtin.convert_smollm2_gguf(dest)
+    err = capfd.readouterr().err
+    assert "GGUF tensors" not in err and "%|" not in err, err
+    assert (dest / "config.json").is_file() and list(dest.glob("*.safetensors"))
+
+
 def test_folder_without_marker_is_rebuilt(tmp_path):
     final = tmp_path / "tinker-local--tiny-llama"
     final.mkdir()

@@ -191,15 +191,21 @@ def _copy_tokenizer(name: str, dest: Path) -> None:
 
 @contextlib.contextmanager
 def no_progress_bars() -> Iterator[None]:
-    """transformers' tqdm bars ("Loading weights", "Writing model shards") off while tinker-local
-    loads or writes a model: a server's own housekeeping is not the user's progress."""
+    """transformers' tqdm bars ("Loading weights", "Writing model shards", "Converting and
+    de-quantizing GGUF tensors") off while tinker-local loads or writes a model: a server's own
+    housekeeping is not the user's progress."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    # The GGUF reader uses tqdm itself, not the bars that disable_progress_bar switches off.
+    gguf_tqdm = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
     try:
         yield
     finally:
+        gguf_utils.tqdm = gguf_tqdm
         if was_enabled:
             hf_logging.enable_progress_bar()
 
