@@ -147,9 +147,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from tinker_local import config
-    from tinker_local.engine.models import load_base
-    from tinker_local.engine.sampler import Sampler
+    from tinker_local.engine.models.registry import load_base
     from tinker_local.engine.sampling import llama_decode
+    from tinker_local.engine.sampling.sampler import Sampler
 
     base = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
     prompts = make_prompts(base.tokenizer, args.rows)

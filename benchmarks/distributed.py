@@ -90,7 +90,7 @@ def _drive(engine: Any, local: Any, args: argparse.Namespace, traffic: Any) -> d
     from tinker import types
 
     from tinker_local.engine.contract import ForwardBackwardCall, LoraSpec, SamplingRequest
-    from tinker_local.engine.sampling_service import sample_all
+    from tinker_local.engine.sampling.builtin_backend import sample_all
 
     engine.create_model("bench", args.model, LoraSpec(rank=32, seed=0))
     data = _data(args, engine.model_info("bench").vocab_size)

@@ -30,24 +30,24 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import models
 from tinker_local.engine.engine import Engine, ForwardBackwardCall, LoraSpec
+from tinker_local.engine.models import registry
 
 
 def random_weights_loader(folder: str, device: str, dtype: str | None):
     """An Engine loader: the model of `folder`'s config.json with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    def load(name: str) -> models.LoadedBase:
-        resolved = models.resolve_device(device)
+    def load(name: str) -> registry.LoadedBase:
+        resolved = registry.resolve_device(device)
         model_config = AutoConfig.from_pretrained(folder)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(
-            model_config, dtype=models.resolve_dtype(dtype, resolved)
+            model_config, dtype=registry.resolve_dtype(dtype, resolved)
         ).to(resolved)
         model.eval()
         model.requires_grad_(False)
-        return models.LoadedBase(name, Path(folder), model, None, [], model_config.vocab_size)
+        return registry.LoadedBase(name, Path(folder), model, None, [], model_config.vocab_size)
 
     return load
 
@@ -126,7 +126,7 @@ def main() -> None:
 
     weights = " (random weights)" if args.random_weights else ""
     print(f"\n{args.model}{weights} on {args.device} ({engine.device}, "
-          f"{models.resolve_dtype(args.dtype, engine.device)}), "
+          f"{registry.resolve_dtype(args.dtype, engine.device)}), "
           "rank-32 LoRA per model, cross_entropy, "
           f"{args.repeats} interleaved rounds (min / median wall s)")
     print(f"{'models x datums x len':>22} {'separate':>17} {'joint':>17} {'speed-up':>15}")

@@ -55,7 +55,7 @@ def run_trl(steps: int, seed: int, out_dir: str) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from tinker_local.config import DEFAULT_BASE_MODEL
-    from tinker_local.engine.builtin import ensure_built
+    from tinker_local.engine.models.builtin import ensure_built
     from tinker_local.tasks import arithmetic
 
     problems = arithmetic.make_problems("train", BATCH * steps, seed=seed)

@@ -93,7 +93,7 @@ def run_child(case: Case, engine: str, dtype: str) -> dict:
     import torch
 
     from tinker_local import config
-    from tinker_local.engine.models import load_base
+    from tinker_local.engine.models.registry import load_base
 
     base = load_base(config.DEFAULT_BASE_MODEL, dtype=dtype)
     prompts = make_prompts(base.tokenizer, case.prompts)
@@ -135,7 +135,7 @@ def _add_lora(base, like=None) -> str:
     peft name. With `like`, copy that model's LoRA weights instead (same adapter, other dtype)."""
     import torch
 
-    from tinker_local.engine.adapters import AdapterPool, LoraSpec
+    from tinker_local.engine.lora.adapters import AdapterPool, LoraSpec
 
     pool = AdapterPool(base.name, base.model)
     pool.create("bench", LoraSpec(rank=32, seed=0))
@@ -159,7 +159,7 @@ def _add_lora(base, like=None) -> str:
 def _run_ours(base, prompts, samples, new_tokens):
     from tinker import types
 
-    from tinker_local.engine.sampler import GenRequest, Sampler
+    from tinker_local.engine.sampling.sampler import GenRequest, Sampler
 
     sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
     adapter = getattr(base, "adapter", None)

@@ -28,7 +28,7 @@ from tinker import types
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, LoraSpec
-from tinker_local.engine.logprobs import DEFAULT_TOKEN_BUDGET
+from tinker_local.engine.training.logprobs import DEFAULT_TOKEN_BUDGET
 
 
 def rss_gb() -> float:

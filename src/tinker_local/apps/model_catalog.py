@@ -9,21 +9,21 @@ import signal
 import sys
 from pathlib import Path
 
-from tinker_local.engine import builtin
-from tinker_local.engine.hub_download import (
-    DownloadError,
-    drop_partial_files,
-    interrupted_message,
-    pull,
-)
-from tinker_local.engine.model_cost import (
+from tinker_local.engine.models import builtin
+from tinker_local.engine.models.cost import (
     disk_bytes,
     human_bytes,
     human_count,
     parameter_count,
     stored_dtype,
 )
-from tinker_local.engine.models import (
+from tinker_local.engine.models.hub_download import (
+    DownloadError,
+    drop_partial_files,
+    interrupted_message,
+    pull,
+)
+from tinker_local.engine.models.registry import (
     available_models,
     cached_model_ids,
     cached_snapshot,

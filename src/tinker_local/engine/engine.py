@@ -27,8 +27,6 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import checkpoints, models
-from tinker_local.engine.adapters import AdapterPool
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     CheckpointMeta,
@@ -41,15 +39,8 @@ from tinker_local.engine.contract import (
     SamplingRequest,
     read_checkpoint_meta,
 )
-from tinker_local.engine.custom_loss import CompiledLoss
-from tinker_local.engine.dimuon import DimuonOptimizer
 from tinker_local.engine.errors import EngineError, user_error
-from tinker_local.engine.forward_backward import TrainingCall, run_training_calls
-from tinker_local.engine.logprobs import (
-    DEFAULT_TOKEN_BUDGET,
-    limit_heap_fragmentation,
-    split_causal_lm,
-)
+from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.losses import (
     LOSS_FNS,
     check_call,
@@ -57,15 +48,25 @@ from tinker_local.engine.losses import (
     prepare_data,
     resolve_config,
 )
-from tinker_local.engine.optimizer import AdapterOptimizer, TrainableParams
-from tinker_local.engine.sampler import Sampler
-from tinker_local.engine.sampling_service import (
+from tinker_local.engine.losses.custom import CompiledLoss
+from tinker_local.engine.models import registry
+from tinker_local.engine.sampling.builtin_backend import (
     ContinuousSampling,
     EngineSampling,
     SamplerSlot,
     SamplingFactory,
 )
-from tinker_local.engine.value_head import METADATA_KEY, ValueHead, check_kind
+from tinker_local.engine.sampling.sampler import Sampler
+from tinker_local.engine.training import checkpoints
+from tinker_local.engine.training.dimuon import DimuonOptimizer
+from tinker_local.engine.training.forward_backward import TrainingCall, run_training_calls
+from tinker_local.engine.training.logprobs import (
+    DEFAULT_TOKEN_BUDGET,
+    limit_heap_fragmentation,
+    split_causal_lm,
+)
+from tinker_local.engine.training.optimizer import AdapterOptimizer, TrainableParams
+from tinker_local.engine.training.value_head import METADATA_KEY, ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ __all__ = [
 
 @dataclass
 class _Base:
-    loaded: Any  # models.LoadedBase
+    loaded: Any  # registry.LoadedBase
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
@@ -139,17 +140,17 @@ class Engine:
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
-        `loader(name) -> LoadedBase` replaces `models.load_base` (tests).
+        `loader(name) -> LoadedBase` replaces `registry.load_base` (tests).
         `batch_models`: let `forward_backward_many` run several models' calls in one pass;
         None decides by device (`batch_models_by_default`).
         `sampling`: builds the sampling backend from the engine's sampler resolver."""
         try:
-            resolved_device = models.resolve_device(device)
-            resolved_dtype = models.resolve_dtype(dtype, resolved_device)
+            resolved_device = registry.resolve_device(device)
+            resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
         except ValueError as error:
             raise user_error(str(error)) from None
         self._loader = loader or (
-            lambda name: models.load_base(name, device=resolved_device, dtype=resolved_dtype)
+            lambda name: registry.load_base(name, device=resolved_device, dtype=resolved_dtype)
         )
         self.device = resolved_device
         self.token_budget = token_budget
@@ -177,7 +178,7 @@ class Engine:
 
     @staticmethod
     def available_models() -> list[str]:
-        return models.available_models()
+        return registry.available_models()
 
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""
@@ -469,7 +470,7 @@ class Engine:
         if name not in self._bases:
             try:
                 loaded = self._loader(name)
-            except (models.ModelNotFoundError, models.InvalidModelFolderError) as error:
+            except (registry.ModelNotFoundError, registry.InvalidModelFolderError) as error:
                 raise user_error(str(error)) from None
             pool = AdapterPool(name, loaded.model)
             vocab = split_causal_lm(pool.model).vocab

@@ -64,7 +64,7 @@ from tinker_local.engine.distributed.liveness import HEARTBEAT_S, Watchdog
 from tinker_local.engine.distributed.sampling import DistributedSampling
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.sampling_service import Resolve
+from tinker_local.engine.sampling.builtin_backend import Resolve
 
 logger = logging.getLogger("tinker_local.engine")
 

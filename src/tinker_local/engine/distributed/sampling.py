@@ -29,7 +29,7 @@ from tinker_local.engine.contract import SampleDone, SamplingRequest
 from tinker_local.engine.distributed.executor import EVERY_RANK
 from tinker_local.engine.distributed.shares import Outcome
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.sampling_service import Prepared, Resolve, prepare_or_answer
+from tinker_local.engine.sampling.builtin_backend import Prepared, Resolve, prepare_or_answer
 
 # One step on every rank: the new (ticket, rank, request) assignments in, the finished
 # (ticket, outcome) pairs and each rank's requests in flight out.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinker_local.engine.sampling.kv_cache import SlotCache
-from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.selection import RowControls, Selection, select_tokens
 from tinker_local.engine.sampling.stops import (
     StringStopMatcher,

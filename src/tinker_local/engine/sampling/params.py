@@ -16,8 +16,8 @@ from typing import Protocol
 
 from tinker import types
 
+from tinker_local.engine.sampling.errors import SamplingError
 from tinker_local.engine.sampling.prompt_extras import PromptTargets, check_alt_k, check_targets
-from tinker_local.engine.sampling.sampling_error import SamplingError
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 # Draws per prompt position for prompt_alt_tokens_k (the server's own bound is the same).

@@ -20,7 +20,7 @@ import torch
 from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 
 from tinker_local.engine.sampling.kv_cache import SlotCache
-from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.model_forward import ModelRunner
 
 # Bounds on one prefill forward: padded tokens (activations), and logits kept when prompt
 # logprobs are wanted ([rows, length, vocab] float32).

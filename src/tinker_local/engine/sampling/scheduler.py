@@ -19,6 +19,7 @@ from tinker import types
 from tinker.types.topk_logprobs import TopkLogprobs
 
 from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row, record_top
+from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import ValidRequest
 from tinker_local.engine.sampling.prefill import (
     PrefillGroup,
@@ -28,7 +29,6 @@ from tinker_local.engine.sampling.prefill import (
     run_prefill,
 )
 from tinker_local.engine.sampling.prompt_extras import alt_tokens, target_logprobs
-from tinker_local.engine.sampling.runner import ModelRunner
 from tinker_local.engine.sampling.selection import RowControls, select_tokens
 from tinker_local.engine.sampling.stops import Decoder, StringStopMatcher
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tinker_local.server.access import current_owner
 from tinker_local.server.console.state import console_state
-from tinker_local.server.errors import ApiError
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner
 
 router = APIRouter()
 

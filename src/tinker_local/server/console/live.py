@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from tinker_local.server.access import current_owner
-from tinker_local.server.service import Service
+from tinker_local.server.core.owners import current_owner
+from tinker_local.server.core.service import Service
 
 WINDOW_S = 60.0
 SHOWN_IN_FLIGHT = 8

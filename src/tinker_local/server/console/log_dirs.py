@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tinker_local.server.errors import ApiError
+from tinker_local.server.core.errors import ApiError
 
 logger = logging.getLogger("tinker_local.server")
 
