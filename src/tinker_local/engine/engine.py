@@ -6,7 +6,7 @@ are the contract's dataclasses and the SDK's own types. Bad input raises `Engine
 gradients as they were before the call.
 
 Sampling goes through `self.sampling`, a backend built with the engine's `_resolve_sampler`
-(`sampling_service.py`): the built-in continuous-batching sampler by default, or vLLM
+(`sampling/builtin_backend.py`): the built-in continuous-batching sampler by default, or vLLM
 (`vllm_sampler.VllmSampling`); `factory.engine_factory` picks one by configuration.
 
 Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
@@ -484,7 +484,7 @@ class Engine:
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
-        """Where `sampler_id` samples (what the sampling backend asks; see sampling_service.py)."""
+        """Where `sampler_id` samples (what the sampling backend asks; see sampling/builtin_backend.py)."""
         entry = self._sampler(sampler_id)
         base = self._bases[entry.base_model]
         adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)

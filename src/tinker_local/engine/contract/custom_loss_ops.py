@@ -3,10 +3,10 @@
 The SDK traces a custom loss with torch.fx and sends its nodes as plain data
 (`types.CustomLossGraph`): each call names a function by its qualified name (`torch.exp`,
 `operator.mul`, `torch._C._nn.softplus`, ...) or a tensor method by its name (`sum`). Nothing in
-it runs until the engine rebuilds it (custom_loss.py), and the engine rebuilds only what these
+it runs until the engine rebuilds it (engine/losses/custom.py), and the engine rebuilds only what these
 lists name: a name off them is refused here, before the loss is stored, with the name in the
 message. The lists are names only (no torch), so the server can check a graph the moment it
-arrives; tests/engine/test_custom_loss.py checks that every name resolves to a torch, operator
+arrives; tests/engine/test_custom_loss_allow_list.py checks that every name resolves to a torch, operator
 or math function, and that tracing the common operations produces these names.
 
 Everything here is differentiable tensor math or plain Python arithmetic on shapes: no I/O, no

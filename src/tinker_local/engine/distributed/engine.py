@@ -20,7 +20,7 @@ does differently, and why:
 - everything else, including methods added to the contract later: the default command, every
   rank calls the same method with the same arguments (`__getattr__`). A new method that reads a
   folder belongs in `_FOLDER_ARGUMENTS`, one that only writes files in `_LEADER_ONLY`, one that
-  draws randomness must take the seed as an argument (contract.py's rule) and get it here.
+  draws randomness must take the seed as an argument (engine/contract/'s rule) and get it here.
 
 Faults. A collective that breaks (a rank was killed), or the watchdog (a rank stopped sending
 heartbeats), makes the engine faulted for good: the in-flight call fails with an `EngineError`

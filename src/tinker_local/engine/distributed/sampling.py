@@ -14,7 +14,7 @@ from all of them), so every rank runs every request in lock step, on the same se
 answers from its own results: the documented slower path on the CPU (no spreading, plus a
 gather per layer per step). On GPUs the vLLM backend is the fast path: it runs on rank 0 with
 `tensor_parallel_size` set to the GPUs of the machine, and only the requests it cannot serve
-exactly (vllm_sampler.py) come here, through its `builtin` fallback.
+exactly (sampling/vllm_backend.py) come here, through its `builtin` fallback.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ process died starts over.)
 What is fetched: the top-level files a causal LM is served from (config, safetensors weights,
 or `pytorch_model*.bin` when there are none, tokenizer, chat template), never other formats
 (GGUF, ONNX, `original/`). Before the weights come: the model's cost (parameters, bytes in the
-serving dtype, whether it fits memory; `model_cost.py`, from `config.json` alone) and a disk
+serving dtype, whether it fits memory; `cost.py`, from `config.json` alone) and a disk
 check against the sizes the hub lists.
 
 No half-written model is ever served: the download goes to the hub cache by commit hash, and

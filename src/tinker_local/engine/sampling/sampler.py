@@ -12,7 +12,7 @@ left-padded KV cache with per-row positions; rows leave the batch as soon as the
 `SamplerLoop` exposes the same machinery step by step: requests submitted while a batch is
 decoding join it at the next step (continuous batching).
 
-The engine does not build `GenRequest`s: its sampling backends (sampling_service.py) validate
+The engine does not build `GenRequest`s: its sampling backends (builtin_backend.py) validate
 the contract's `SamplingRequest` with `Sampler.validate` (request, params, peft adapter name)
 and submit the resulting `ValidRequest` to a `SamplerLoop`. `GenRequest` is the input of a
 standalone `Sampler` (tests, benchmarks), validated by the same function.

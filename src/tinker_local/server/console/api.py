@@ -1,6 +1,6 @@
 """The console's one API call: `POST /api/v1/console/log_dirs` registers a run's log directory
 for the calling key, so its console plots the run (`tinker-local rl / sft / pipeline` call it
-through `apps/console_link.py`). Body: `{"log_dir": "/abs/path", "command": "rl"}`; answer:
+through `apps/connect.py`). Body: `{"log_dir": "/abs/path", "command": "rl"}`; answer:
 `{"log_id": ..., "console_path": "/logs/<log_id>"}`. A JSON API like the others: an API key
 (never the console cookie), and a 4xx with a JSON body naming what was wrong."""
 

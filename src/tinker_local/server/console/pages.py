@@ -2,7 +2,7 @@
 with its checkpoints, a logged run with its plots and transcripts, and sessions with the audit
 log; plus the fragments their script fetches again to keep them live.
 
-Everything is read through the same functions as the REST API (`rest.py`, `session_views.py`,
+Everything is read through the same functions as the REST API (`server/rest/checkpoint_calls.py`, `server/rest/session_queries.py`,
 the audit log), for the caller's own owner only.
 """
 

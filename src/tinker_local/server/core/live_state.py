@@ -123,7 +123,7 @@ class ServerState:
         # loads in flight (see restore_samplers.py).
         self.restorable_samplers: dict[str, StoredSampler] = {}
         self.sampler_restores: dict[str, asyncio.Task[None]] = {}
-        # (owner, session_id) -> the session's last exported trace (session_views.py).
+        # (owner, session_id) -> the session's last exported trace (server/rest/session_queries.py).
         self.traces: dict[tuple[str, str], bytes] = {}
 
     def new_session(self, user_metadata: dict[str, Any] | None) -> Session:

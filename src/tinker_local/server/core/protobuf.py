@@ -136,7 +136,7 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
 
 
 def _spans_from_proto(index: int, name: str, spans: Any) -> types.ProvenanceSpans | None:
-    """Provenance runs (see stability.py); None when the datum has none."""
+    """Provenance runs (see server/training/sampler_records.py); None when the datum has none."""
     if not spans:
         return None
     out: types.ProvenanceSpans = []

@@ -1,5 +1,5 @@
 """What each session's requests did and when: spans for `export_session_trace` (a Perfetto
-trace) and for usage (`billing.py`).
+trace) and for usage (`server/rest/usage.py`).
 
 A span is one request of a training run or sampler, from its arrival to its result, with the
 tokens it processed. Spans live in memory (this server process's requests; the newest

@@ -1,6 +1,6 @@
 """The server's core: state, futures and the engine worker, plus the plumbing every call uses.
 
-Routes (`app.py`) parse HTTP; the call handlers (`training.py`, `sampling.py`, `sessions.py`,
+Routes (`app.py`) parse HTTP; the call handlers (`server/training/model_calls.py`, `sampling.py`, `sessions.py`,
 `weights.py`) decide what to run; this module runs it: in seq_id order for a training model, on
 the engine worker thread, and turns the outcome into a future result. The engine is whatever the
 `EngineFactory` given to `Service` builds: the server knows it only through the engine contract
@@ -94,10 +94,10 @@ class ServerSettings:
     max_snapshots_per_model: int = 8
     # Engine jobs waiting on the worker before new work is answered with 429.
     max_queued_jobs: int = 256
-    # The SQLite store (see store.py); None keeps everything in memory only.
+    # The SQLite store (see sqlite_store.py); None keeps everything in memory only.
     database: Path | None = None
     # Stability records (stable_reinforce) are kept this long after their last use (one day,
-    # as on the hosted service); see stability.py.
+    # as on the hosted service); see server/training/sampler_records.py.
     stability_keep_s: float = 24 * 3600.0
 
     def client_config_answer(self) -> dict[str, Any]:

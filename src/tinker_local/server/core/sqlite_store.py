@@ -112,7 +112,7 @@ class StoredSession:
     display_name: str | None = None
 
 
-# A sampled sequence's stability record (see stability.py): token ids as int32 bytes, the
+# A sampled sequence's stability record (see server/training/sampler_records.py): token ids as int32 bytes, the
 # sampler's logprobs as float32 bytes.
 SequenceRow = tuple[str, str, str, str, str, bytes, bytes, bytes, float, float]
 
@@ -303,7 +303,7 @@ class Store:
         )
         return [(r[0], _loads(r[1]), r[2]) for r in rows]
 
-    # -- stability records and custom losses (stability.py, custom_losses.py) --------------------
+    # -- stability records and custom losses (server/training/sampler_records.py, custom_losses.py) --------------------
 
     def add_sequences(self, rows: list[SequenceRow]) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """HTTP routes: the wire protocol of the official `tinker` SDK (0.38).
 
-Routes only parse and answer; what a call does lives in `training.py`, `sampling.py` and
+Routes only parse and answer; what a call does lives in `server/training/model_calls.py`, `sampling.py` and
 `sessions.py`. The RestClient's routes (runs, checkpoints, sessions, usage) are in
 `rest_routes.py`, the web console's in `console/`. JSON bodies are validated with the SDK's own request types. Every refusal is a
 4xx with a JSON body `{"error": ..., "detail": ...}` naming the problem.

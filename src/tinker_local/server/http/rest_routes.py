@@ -1,6 +1,6 @@
 """The RestClient's routes: training runs and checkpoints (listing, publish, TTL, delete, copy,
-external weights), sessions, the audit log and usage. What each does lives in `rest.py`,
-`external_weights.py`, `copy_weights.py`, `session_views.py`, `audit.py` and `usage.py`; the
+external weights), sessions, the audit log and usage. What each does lives in `server/rest/checkpoint_calls.py`,
+`external_weights.py`, `copy_weights.py`, `server/rest/session_queries.py`, `server/core/audit_log.py` and `usage.py`; the
 web console's delete goes through the same `checkpoint_calls.delete_checkpoint`.
 """
 

@@ -6,7 +6,7 @@ cost: a self-hosted server bills nothing).
   `copy_weights` are counted once, as they are stored once). Costs and rates are 0.
 - `/api/v1/billing/usage/events`: hourly buckets of the caller's training tokens, sampling
   prefill tokens and sampled tokens, per session and base model, from the requests this server
-  process handled (session_trace.py), with `estimated_cost_usd` 0.
+  process handled (server/core/request_trace.py), with `estimated_cost_usd` 0.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
     sequence_ids = [f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)]
-    # stable_reinforce: keep what the loss needs of each sequence (stability.py).
+    # stable_reinforce: keep what the loss needs of each sequence (server/training/sampler_records.py).
     keep_records = records_of(svc).recorder(sampler, prompt) if req.record_stability_info else None
     record = svc.futures.create("sample")
     span = svc.trace.follow(

@@ -3,7 +3,7 @@
 Each handler validates what it can at once (unknown ids -> 4xx), then hands a job to the
 service, which runs it on the engine worker in the model's seq_id order. A forward_backward
 becomes one `contract.ForwardBackwardCall`; calls of different models may run in one
-`engine.forward_backward_many` (see worker.py).
+`engine.forward_backward_many` (see server/core/engine_worker.py).
 """
 
 from __future__ import annotations
