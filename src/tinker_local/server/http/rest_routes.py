@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response
 from tinker import types
 
+from tinker_local.server.core.audit_log import EVENT_TYPES as AUDIT_EVENT_TYPES
 from tinker_local.server.core.errors import ApiError
 from tinker_local.server.core.owners import current_owner
 from tinker_local.server.core.service import Service
@@ -142,9 +143,9 @@ def router(svc: Service) -> APIRouter:
 
     @api.get("/api/v1/audit")
     async def audit_log(event_type: str = Query("all"), day: str | None = Query(None)) -> Any:
-        if event_type not in audit_log.EVENT_TYPES:
+        if event_type not in AUDIT_EVENT_TYPES:
             raise ApiError(
-                400, f"event_type must be one of {sorted(audit_log.EVENT_TYPES)}, got {event_type!r}"
+                400, f"event_type must be one of {sorted(AUDIT_EVENT_TYPES)}, got {event_type!r}"
             )
         try:
             when = datetime.date.fromisoformat(day) if day else datetime.datetime.now(
