@@ -59,11 +59,16 @@ _TIED_WARNING = r".*tie_word_embeddings.*"
 
 
 def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
-    """Full names of the base model's Linear layers, by role: "attn", "mlp", "unembed"."""
+    """Full names of the base model's Linear layers, by role: "attn", "mlp", "unembed". Only
+    the language model's: a vision-language model's vision tower and projector are not
+    adapted (as hosted Tinker adapts the language model only)."""
     head = model.get_output_embeddings()
+    text_modules = {id(m) for m in _language_model(model).modules()}
     groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": []}
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
+            continue
+        if module is not head and id(module) not in text_modules:
             continue
         parents = name.split(".")[:-1]
         if module is head:
@@ -75,10 +80,25 @@ def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
     return groups
 
 
+def _language_model(model: nn.Module) -> nn.Module:
+    """The text decoder (transformers' `get_decoder`): the model's body for a plain causal LM,
+    the language model alone for a vision-language one."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    return decoder if isinstance(decoder, nn.Module) else model
+
+
 def frozen_expert_weights(model: nn.Module) -> list[str]:
     """Fused mixture-of-experts weights (3-D parameters: one matrix per expert), which LoRA
-    leaves frozen."""
-    return [name for name, param in model.named_parameters() if param.ndim == 3]
+    leaves frozen. Convolution kernels are 3-D too (Qwen3.5's linear-attention conv1d) and
+    are not experts."""
+    return [
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if not isinstance(module, nn.modules.conv._ConvNd)
+        for name, param in module.named_parameters(recurse=False)
+        if param.ndim == 3
+    ]
 
 
 def _compact_targets(model: nn.Module, names: list[str]) -> list[str]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tinker_local.engine.models.architectures import auto_model_class
+
 HEADROOM = 0.8  # the share of available memory the weights may take and still "fit"
 
 
@@ -98,15 +100,16 @@ def stored_dtype(folder: Path) -> str | None:
 
 
 def config_parameters(config: dict[str, Any]) -> int:
-    """Parameters of the causal LM transformers builds from `config`, counted on an empty
+    """Parameters of the model transformers builds from `config` (the causal LM, with its vision
+    tower for a vision-language checkpoint: architectures.py), counted on an empty
     (meta-device) model: nothing is allocated."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     model_type = config.get("model_type")
     settings = {k: v for k, v in config.items() if k != "model_type"}
     built = AutoConfig.for_model(model_type, **settings)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(built)
+        model = auto_model_class(config).from_config(built)
     return sum(p.numel() for p in model.parameters())  # tied weights are counted once
 
 

@@ -24,6 +24,7 @@ import torch
 
 from tinker_local.engine.cpu_features import bf16_kernels_available
 from tinker_local.engine.models import builtin
+from tinker_local.engine.models.architectures import auto_model_class
 from tinker_local.engine.models.cost import model_cost
 
 logger = logging.getLogger(__name__)
@@ -382,17 +383,17 @@ def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device)
 
 
 def _load_causal_lm(folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
+    # A vision-language checkpoint keeps its vision tower (architectures.py says why).
+    auto_class = auto_model_class(_read_config(folder))
     try:
         with builtin.no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(
+            return auto_class.from_pretrained(
                 folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
             )
     except (ValueError, ImportError) as error:  # architectures without an SDPA path
         logger.info("sdpa attention unavailable for %s (%s); using eager", folder, error)
         with builtin.no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(
+            return auto_class.from_pretrained(
                 folder, dtype=dtype, attn_implementation="eager", local_files_only=True
             )
 

@@ -116,7 +116,7 @@ def run_prefill(
     causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & valid[:, None, :]) | diagonal[None]
-    cache = SlotCache(runner.num_layers, width)
+    cache = runner.new_cache(width)
     logits = runner.forward(
         ids, positions, mask[:, None], cache, [k.adapter for k in keys], all_positions=scored
     )

@@ -34,7 +34,11 @@ from tinker_local.engine.training.logprobs import (
     grouped_sequence_forward,
     plan_micro_batches,
 )
-from tinker_local.engine.training.packing import PackedRow, plan_packed_rows
+from tinker_local.engine.training.packing import (
+    PackedRow,
+    plan_packed_rows,
+    prefix_packing_supported,
+)
 
 
 @dataclass
@@ -108,9 +112,11 @@ def _run(
     totals = [0.0] * len(calls)
     custom_metrics: list[dict[str, float]] = [{} for _ in calls]
     rows: list[_Row] = []
+    share_prefixes = prefix_packing_supported(pool.model)
     for c, seqs in enumerate(sequences):
         planned = plan_packed_rows(
-            [s.tokens for s in seqs], widths=[s.width for s in seqs], max_row_tokens=token_budget
+            [s.tokens for s in seqs], widths=[s.width for s in seqs], max_row_tokens=token_budget,
+            share_prefixes=share_prefixes,
         )
         rows.extend(_Row(c, row) for row in planned)
     row_lengths = [
