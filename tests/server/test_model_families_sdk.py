@@ -1,6 +1,7 @@
 """The model families beyond Llama, end to end through the official SDK and a real server.
 
-For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; engine/models/builtin.py): LoRA training
+For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss, and the hybrid Qwen3.5 and
+Qwen3.5-MoE; engine/models/builtin.py): LoRA training
 with cross_entropy and ppo, optimizer steps, sampling in one batch of mixed-length prompts whose
 logprobs equal a teacher-forced forward, and both checkpoint kinds loading in plain `peft` with
 the engine's logits. Then a Qwen3-named model in the local hub cache, for which tinker-cookbook
@@ -132,17 +133,22 @@ def test_family_trains_samples_and_saves_peft_checkpoints(
     MEASURED[name] = float(max(errors))
     assert max(errors) < TOL, errors
 
-    # Checkpoints: both kinds are PEFT folders that plain peft loads on the same base.
+    # Checkpoints: both kinds are PEFT folders that plain peft loads on the same base, built
+    # with the class its config names (a vision-language checkpoint keeps its vision tower, so
+    # the adapter's module names are the full model's).
+    import transformers
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     engine_logprobs = _logprobs(after)[0]
     ids = torch.tensor([tokens[:-1]])
     targets = torch.tensor(tokens[1:])
+    architecture = json.loads((builtin.folder_for(name) / "config.json").read_text())[
+        "architectures"][0]
     for saved in (trainer.save_weights_for_sampler("sampler").result(),
                   trainer.save_state("state").result()):
         folder = _checkpoint_folder(checkpoints_root, saved.path)
-        base = AutoModelForCausalLM.from_pretrained(builtin.folder_for(name), dtype=torch.float32)
+        base = getattr(transformers, architecture).from_pretrained(
+            builtin.folder_for(name), dtype=torch.float32)
         model = PeftModel.from_pretrained(base, str(folder)).eval()
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float()
