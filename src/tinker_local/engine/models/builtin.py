@@ -206,15 +206,18 @@ def write_tokenizer(name: str, dest: Path) -> None:
         model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
         if tokenizer_kind == "qwen3":
             tokenizer = load_qwen3_tokenizer()
-        elif tokenizer_kind == "qwen3_5" and name != TINY_QWEN3_5:  # converted only once
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(TINY_QWEN3_5))
+        elif tokenizer_kind == "qwen3_5" and name != TINY_QWEN3_5:
+            tokenizer = None  # the same files as tiny-qwen3.5's: converted once, copied
         elif tokenizer_kind == "qwen3_5":
             tokenizer = load_qwen3_5_tokenizer()
         else:  # tiny-llama's: SmolLM2's, parsed from the GGUF only once
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.TINY_TEST_MODEL))
         model_config = AutoConfig.for_model(model_type, **settings)
     max_length = model_config.get_text_config().max_position_embeddings
-    _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
+    if tokenizer is None:
+        _copy_tokenizer(TINY_QWEN3_5, dest)
+    else:
+        _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
     model_config._name_or_path = name
     # as the built model saves it
     model_config.dtype = torch.float32
