@@ -46,3 +46,15 @@ def test_eval_command_and_compare(tmp_path, capsys):
     assert "unique" in capsys.readouterr().err
     assert main(["--out", str(tmp_path / "c")]) == 2
     assert main(["--model", "x", "--out", str(tmp_path / "c")]) == 2  # no --tasks
+    # Named, the same report twice is compared problem by problem: a difference of 0.
+    both = tmp_path / "both"
+    compared = [f"first={out / 'report.json'}", f"second={out / 'report.json'}#base"]
+    assert main(["--compare", *compared, "--out", str(both)]) == 0
+    printed = capsys.readouterr().out
+    assert "| first | second |" in printed and "Paired comparisons" in printed
+    report = json.loads((both / "report.json").read_text())
+    pairs = [c for c in report["paired"] if c["task"] == "all"]
+    assert len(pairs) == 1 and pairs[0]["difference"] == 0.0 and pairs[0]["p_value"] == 1.0
+    assert (pairs[0]["first"], pairs[0]["second"], pairs[0]["problems"]) == ("first", "second", 4)
+    assert main(["--compare", f"{out / 'report.json'}#sft", "--out", str(both)]) == 2
+    assert "holds no model labelled 'sft'" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 base, SFT and RL side by side.
 
     tinker-local pipeline --config pipeline.json [--preset two-stage] [--base-url URL]
+        [--task TASK | package.module:factory] [--seeds 0,1,2]   # see apps/pipeline_runs.py
 
 pipeline.json (every section but `log_dir` optional; unknown keys are errors):
 
@@ -69,7 +70,9 @@ from tinker_local.apps.connect import (
     service_client,
     tokenizer_for,
 )
+from tinker_local.apps.pipeline_runs import seeded, with_task, write_seed_summary
 from tinker_local.apps.rl import datasets_for
+from tinker_local.apps.seeds import parse_seeds
 from tinker_local.apps.tracking_args import add_tracking_args
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import ModelEval, markdown_table, write_report
@@ -427,44 +430,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="pipeline JSON file")
     parser.add_argument("--preset", help="a named preset (overrides the file's `preset`)")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    parser.add_argument(
+        "--task",
+        help="a task, mixture or your own package.module:factory: replaces rl.task, "
+        "collect.tasks and eval.tasks",
+    )
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (0,1,2): the pipeline once per seed in LOG_DIR/seed-S, "
+        "then each stage's mean, spread and per-seed table in LOG_DIR/seeds.md",
+    )
     add_tracking_args(parser)
     args = parser.parse_args(argv)
     try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
         data = json.loads(args.config.read_text())
         if not isinstance(data, dict):
             raise TypeError(f"{args.config}: a pipeline config must be a JSON object")
         if args.preset is not None:
             data["preset"] = args.preset
+        if args.task is not None:
+            data = with_task(data, args.task)
         data["tracking"] = {**data.get("tracking", {}), **_tracking_flags(args)}
-        cfg = PipelineConfig.from_dict(data)
-        cfg.check()
-        rl_datasets: DatasetsMaker | None = None
-        if cfg.rl is not None:
-            # The RL data before the server: bad task data must not cost a server start.
-            built = cfg.rl_datasets(cfg.rl_config(None))(
-                tokenizer_for(cfg.base_model, args.base_url)
-            )
-
-            def rl_datasets(_tokenizer: Any) -> tuple[Any, Any]:
-                return built
-        tasks, _, split, eval_config = cfg.eval_settings()
-        for name in tasks:  # unknown tasks and unreadable data fail here
-            load_items(name, 1, split=split, seed=eval_config.seed)
+        root = PipelineConfig.from_dict(data).root
+        variants = [data] if seeds is None else [seeded(data, seed) for seed in seeds]
+        runs = [_prepared(PipelineConfig.from_dict(d), args.base_url) for d in variants]
     except (ValueError, TypeError, KeyError, OSError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"tinker-local pipeline: {message}", file=sys.stderr)
         return 2
     quiet_sdk_polling_logs()
     client = service_client(args.base_url)
-    # One registration for every stage: the console plots each stage folder's metrics.jsonl.
-    register_log_dir(cfg.root, "pipeline", args.base_url)
-    outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
-    print(outcome.summary() + markdown_table(outcome.results))
-    print(f"reports in {cfg.root / 'eval'}")
-    print(f"final model: {outcome.final} ({outcome.final_model})")
-    if outcome.warning:
-        print(outcome.warning, file=sys.stderr)
-    return 1 if outcome.failed else 0
+    # One registration for every stage (and seed): the console plots each stage folder's
+    # metrics.jsonl.
+    register_log_dir(root, "pipeline", args.base_url)
+    outcomes = []
+    for cfg, rl_datasets in runs:
+        outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
+        print(outcome.summary() + markdown_table(outcome.results))
+        print(f"reports in {cfg.root / 'eval'}")
+        print(f"final model: {outcome.final} ({outcome.final_model})")
+        outcomes.append(outcome)
+    if seeds is not None:
+        print(write_seed_summary(root, seeds, outcomes))
+    for outcome in outcomes:  # last, where a user looks: RL made the model worse
+        if outcome.warning:
+            print(outcome.warning, file=sys.stderr)
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+def _prepared(
+    cfg: PipelineConfig, base_url: str | None
+) -> tuple[PipelineConfig, DatasetsMaker | None]:
+    """Every setting checked and the RL data built, before any server starts."""
+    cfg.check()
+    rl_datasets: DatasetsMaker | None = None
+    if cfg.rl is not None:
+        built = cfg.rl_datasets(cfg.rl_config(None))(tokenizer_for(cfg.base_model, base_url))
+
+        def rl_datasets(_tokenizer: Any) -> tuple[Any, Any]:
+            return built
+
+    tasks, _, split, eval_config = cfg.eval_settings()
+    for name in tasks:  # unknown tasks and unreadable data fail here
+        load_items(name, 1, split=split, seed=eval_config.seed)
+    return cfg, rl_datasets
 
 
 def _tracking_flags(args: argparse.Namespace) -> dict[str, Any]:
