@@ -3,7 +3,7 @@ streamed), `POST /v1/messages/count_tokens`, `GET /v1/models`.
 
 Supported: `model`, `messages`, `max_tokens` (required, as in Anthropic's API), `system`,
 `stop_sequences`, `temperature` [0, 1], `top_p`, `top_k`, `stream`, `metadata` (recorded
-nowhere) and, as an extension, `seed`. A last `assistant` message is a prefill: the answer
+nowhere), `cache_control` (a caching hint, changes nothing) and, as an extension, `seed`. A last `assistant` message is a prefill: the answer
 continues it (its text is encoded after the rendered conversation's assistant header). Any other
 field (tools, thinking, ...) is a 400 naming it. Sampling goes through `generation.py`, the
 SDK's own path.
@@ -51,6 +51,7 @@ class CountTokensRequest(StrictBody):
     model: str
     messages: list[Any]
     system: str | list[Any] | None = None
+    cache_control: dict[str, Any] | None = None  # a prompt-caching hint: changes no answer
 
 
 class MessagesRequest(CountTokensRequest):
