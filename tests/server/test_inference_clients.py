@@ -127,8 +127,8 @@ def test_openai_stop_strings_cut_the_text_and_keep_the_tokens(service, tokenizer
     stop = text[cut : cut + 3]
     assert stop.strip(), text
     for stream in (False, True):
-        kwargs = dict(model=TINY, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=1.0,
-                      seed=SEED, stop=[stop])
+        kwargs = {"model": TINY, "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 1.0,
+                      "seed": SEED, "stop": [stop]}
         if stream:
             chunks = list(oai.chat.completions.create(stream=True, **kwargs))
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -155,8 +155,8 @@ def test_anthropic_messages_equal_the_sdk_sample(which, served, service, checkpo
     [sequence] = _sdk_sample(service, model, prompt).sequences
     expected = _text(tokenizer, sequence.tokens)
     # temperature and seed go as extra fields: this client has no keyword for them.
-    kwargs = dict(model=model, max_tokens=MAX_TOKENS, system=SYSTEM, messages=MESSAGES,
-                  extra_body={"seed": SEED, "temperature": 1.0})
+    kwargs = {"model": model, "max_tokens": MAX_TOKENS, "system": SYSTEM, "messages": MESSAGES,
+                  "extra_body": {"seed": SEED, "temperature": 1.0}}
 
     message = client.messages.create(**kwargs)
     assert message.content[0].text == expected
