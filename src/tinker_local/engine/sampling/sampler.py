@@ -188,7 +188,8 @@ class SamplerLoop:
                 logger.exception("a streaming request's progress callback failed")
                 wanted = False
             if not wanted:
-                self.scheduler.cancel(state)
+                with self.sampler.runner.eval_mode():  # the cache is made of inference tensors
+                    self.scheduler.cancel(state)
                 del self._futures[key], self._streams[key]
                 future.set_exception(EngineError(CANCELLED, "user"))
 
