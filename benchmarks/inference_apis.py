@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 QUESTIONS = [
     "Name a colour of the rainbow.", "What is two plus two?", "Say hello in French.",
@@ -56,12 +57,14 @@ def start_server(model: str) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert proc.stdout is not None
-    first = proc.stdout.readline()
-    if "serving at" not in first:
-        proc.kill()
-        raise SystemExit(f"tinker-local serve did not start: {first}{proc.stdout.read()}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    return proc, first.split(" at ", 1)[1].strip()
+    seen = []
+    for line in proc.stdout:  # notices (offline mode, ...) may come first
+        seen.append(line)
+        if "serving at" in line:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, line.split(" at ", 1)[1].strip()
+    proc.wait()
+    raise SystemExit("tinker-local serve did not start:\n" + "".join(seen))
 
 
 async def openai_load(base_url: str, model: str, prompts: list[str], max_tokens: int,
@@ -94,22 +97,19 @@ async def openai_load(base_url: str, model: str, prompts: list[str], max_tokens:
     return _summary(wall, results)
 
 
-async def sdk_load(base_url: str, model: str, prompts: list[str], max_tokens: int,
+async def sdk_load(sampler: Any, prompts: list[str], max_tokens: int,
                    seed0: int) -> dict[str, float]:
-    import tinker
     from tinker import types
 
     from tinker_local import rendering
 
-    service = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
-    sampler = service.create_sampling_client(base_model=model).result()
     tokenizer = sampler.get_tokenizer()
 
     async def one(i: int, question: str) -> tuple[float, int]:
         prompt = rendering.render_prompt(tokenizer, [{"role": "user", "content": question}])
         params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed0 + i)
         start = time.perf_counter()
-        answer = await sampler.sample_async(types.ModelInput.from_ints(prompt), 1, params)
+        answer = await sampler.sample(types.ModelInput.from_ints(prompt), 1, params)
         return time.perf_counter() - start, len(answer.sequences[0].tokens)
 
     start = time.perf_counter()
@@ -131,8 +131,12 @@ def _summary(wall: float, results: list[tuple[float, int]]) -> dict[str, float]:
 
 
 def main() -> None:
-    from tinker_local import config
+    import tinker
 
+    from tinker_local import config
+    from tinker_local.apps.offline import go_offline_if_hub_unreachable
+
+    go_offline_if_hub_unreachable()  # the SDK's tokenizer look-up, in this process
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
     parser.add_argument("--clients", type=int, default=16)
@@ -145,15 +149,17 @@ def main() -> None:
     proc, base_url = start_server(args.model)
     runs: dict[str, list[dict[str, float]]] = {"openai_stream": [], "sdk": []}
     try:
+        service = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
+        sampler = service.create_sampling_client(base_model=args.model).result()
         # Warm-up: loads the model, its tokenizer, and the first shapes of both paths.
         asyncio.run(openai_load(base_url, args.model, prompts[:2], 4, 0))
-        asyncio.run(sdk_load(base_url, args.model, prompts[:2], 4, 0))
+        asyncio.run(sdk_load(sampler, prompts[:2], 4, 0))
         for r in range(args.rounds):
             seed0 = 1000 * (r + 1)
             runs["openai_stream"].append(
                 asyncio.run(openai_load(base_url, args.model, prompts, args.max_tokens, seed0)))
             runs["sdk"].append(
-                asyncio.run(sdk_load(base_url, args.model, prompts, args.max_tokens, seed0)))
+                asyncio.run(sdk_load(sampler, prompts, args.max_tokens, seed0)))
             print(f"round {r + 1}: {runs['openai_stream'][-1]} | {runs['sdk'][-1]}", flush=True)
     finally:
         proc.terminate()

@@ -39,9 +39,11 @@ def serve(*extra: str) -> Iterator[Served]:
     )
     try:
         assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "tinker-local serving at http://127.0.0.1:" in first, first + proc.stdout.read()
-        base_url = first.split(" at ", 1)[1].strip()
+        seen = [proc.stdout.readline()]
+        while seen[-1] and "serving at" not in seen[-1]:  # notices may come first
+            seen.append(proc.stdout.readline())
+        assert "tinker-local serving at http://127.0.0.1:" in seen[-1], "".join(seen)
+        base_url = seen[-1].split(" at ", 1)[1].strip()
         # Keep reading what it prints, so a full pipe never blocks the server.
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield Served(base_url)
