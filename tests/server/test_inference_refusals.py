@@ -228,6 +228,10 @@ def test_a_cut_stream_leaves_the_batch_and_holds_nothing(server):
                 if len(chunks) == 4:
                     break
             assert sampling.in_flight >= 1
+            # The console's live panel shows it while it runs.
+            live = httpx.get(f"{server.base_url}/console/live", headers={"X-API-Key": KEY_A},
+                             timeout=600)
+            assert live.status_code == 200 and f"openai chat {TINY}" in live.text
         # The client closed the connection mid-answer.
         cut_at = time.monotonic()
         while sampling.in_flight and time.monotonic() - cut_at < 60:
