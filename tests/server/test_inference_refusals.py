@@ -86,6 +86,7 @@ def test_a_checkpoint_is_its_owners_until_published_and_gone_once_deleted(server
     rest.publish_checkpoint_from_tinker_path(path).result()
     assert isinstance(_chat(bob, path), str)
     assert path in [m.id for m in bob.models.list()]
+    assert path in [m.id for m in _claude(server, KEY_B).models.list()]
 
     rest.delete_checkpoint_from_tinker_path(path).result()
     for client in (alice, bob):
