@@ -251,6 +251,24 @@ def test_a_cut_stream_leaves_the_batch_and_holds_nothing(server):
     assert again.status_code == 200
 
 
+def test_a_whole_answer_whose_client_left_leaves_the_batch(server):
+    """Not streamed: the client gives up waiting (an interrupted evaluation); its request
+    leaves the batch too instead of sampling 6000 tokens for nobody."""
+    svc = server.service
+    sampling = svc.worker._sampling
+    with _http(server) as http, pytest.raises(httpx.ReadTimeout):
+        http.post("/oai/api/v1/completions",
+                  json={"model": TINY, "prompt": "hi", "max_tokens": 6000, "stop": []},
+                  timeout=httpx.Timeout(600, read=5))
+    left_at = time.monotonic()
+    while (sampling.in_flight or inference_samplers(svc).in_flight()) \
+            and time.monotonic() - left_at < 120:
+        time.sleep(0.05)
+    assert sampling.in_flight == 0 and inference_samplers(svc).in_flight() == 0
+    spans = [s for s in svc.trace.recent(left_at - 600) if "completions" in s.track]
+    assert spans[-1].end is not None and spans[-1].tokens["sampling_sample"] < 6000
+
+
 def _chat_tokens(server: LocalServer, max_tokens: int) -> int:
     with _http(server) as http:
         answer = http.post("/oai/api/v1/chat/completions", json={

@@ -131,13 +131,13 @@ def router(svc: Service) -> APIRouter:
         target, codec, prompt = await _prompt(svc, body)
         check_prompt(svc, codec, prompt, body.max_tokens, "messages", "max_tokens")
         stream = bool(body.stream)
-        gen = Generation(svc, target, [Ask(prompt, params)], "anthropic messages", stream=stream)
+        gen = Generation(svc, target, [Ask(prompt, params)], "anthropic messages")
         events = await begin(gen, stream)
         answer = _Message(codec, body.model, params.stop or [], len(prompt))
         if events is not None:
             return sse_response(answer.stream(events), gen.close)
         try:
-            [response] = await gen.responses()
+            [response] = await gen.responses(request.receive)
         finally:
             gen.close()
         answer.sample.finish(response.sequences[0])

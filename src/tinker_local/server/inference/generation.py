@@ -3,9 +3,10 @@
 A call becomes one `contract.SamplingRequest` per prompt (chat: one; `/completions` may send a
 list), on the engine sampler of its model (`samplers.py`), handed to the engine worker like
 every SDK sample (`worker.submit_sample`): the requests join the running batch of their base
-model at the next step, together with everyone else's. Streamed calls pass a progress callback
-that puts each step's new tokens on this call's queue; when the reader has gone (`close`
-before the end), the callback answers False and the engine takes the rows out of the batch.
+model at the next step, together with everyone else's. Each passes a progress callback that
+puts each step's new tokens on this call's queue (a streamed answer sends them on); when the
+client has gone (`close` before the end: a stream cut, or a disconnect while waiting for a
+whole answer), the callback answers False and the engine takes the rows out of the batch.
 
 Each call is a span of the request trace (`server/core/request_trace.py`), filed under the
 session `INFERENCE_SESSION` with kind "sample": the console's live panel shows it while it
@@ -21,6 +22,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from starlette.types import Receive
 from tinker import types
 
 from tinker_local.engine.contract import (
@@ -137,13 +139,11 @@ def refusal(exc: BaseException) -> InferenceError:
 class Generation:
     """The sampling requests of one API call (start with `start`, always `close`)."""
 
-    def __init__(self, svc: Service, target: Target, asks: Sequence[Ask], api: str,
-                 *, stream: bool) -> None:
+    def __init__(self, svc: Service, target: Target, asks: Sequence[Ask], api: str) -> None:
         self._svc = svc
         self._target = target
         self._asks = list(asks)
         self._api = api
-        self._stream = stream
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._closed = False
         self._ended = 0  # requests that reached their end
@@ -174,9 +174,9 @@ class Generation:
                 topk_prompt_logprobs=ask.topk_prompt,
                 topk_sample_logprobs=ask.topk_sample,
             )
-            job = svc.worker.submit_sample(
-                request, _outcome, self._progress(loop, index) if self._stream else None
-            )
+            # Every call follows its tokens: a streamed one to send them, any other to be
+            # taken out of the batch when its client leaves (`close`).
+            job = svc.worker.submit_sample(request, _outcome, self._progress(loop, index))
             job.add_done_callback(self._on_done(loop, index))
 
     def _progress(self, loop: asyncio.AbstractEventLoop, index: int):
@@ -217,8 +217,25 @@ class Generation:
                 self._failed |= event.error is not None
             yield event
 
-    async def responses(self) -> list[types.SampleResponse]:
-        """Each request's response, in order (raises the first failure)."""
+    async def responses(self, receive: Receive | None = None) -> list[types.SampleResponse]:
+        """Each request's response, in order (raises the first failure). With `receive` (the
+        request's ASGI receive), a client that disconnects first ends the call: its requests
+        leave the batch at their next step."""
+        collect = asyncio.ensure_future(self._collect())
+        if receive is None:
+            return await collect
+        watch = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if collect.done():
+                return collect.result()
+            self.close()
+            raise InferenceError(499, "the client disconnected before the answer was ready")
+        finally:
+            watch.cancel()
+            collect.cancel()
+
+    async def _collect(self) -> list[types.SampleResponse]:
         found: dict[int, types.SampleResponse] = {}
         async for event in self.events():
             if event.error is not None:
@@ -243,6 +260,13 @@ class Generation:
 
 def _outcome(outcome: SampleOutcome) -> SampleOutcome:
     return outcome
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client has gone (the body was read already: only a disconnect is
+    left to receive)."""
+    while (await receive()).get("type") != "http.disconnect":
+        pass
 
 
 async def begin(gen: Generation, stream: bool) -> AsyncIterator[Event] | None:

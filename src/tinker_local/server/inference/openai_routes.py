@@ -67,14 +67,14 @@ def router(svc: Service) -> APIRouter:
         n, top_k = req.samples(body), req.chat_top_logprobs(body)
         ask = Ask(prompt, params, n, topk_sample=top_k or 0)
         stream = bool(body.stream)
-        gen = Generation(svc, target, [ask], "openai chat", stream=stream)
+        gen = Generation(svc, target, [ask], "openai chat")
         events = await begin(gen, stream)
         chat = _Chat(codec, body.model, n, params.stop or (), top_k, len(prompt))
         if events is not None:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse_response(chat.stream(events, usage), gen.close)
         try:
-            [response] = await gen.responses()
+            [response] = await gen.responses(request.receive)
         finally:
             gen.close()
         return chat.whole(response)
@@ -100,14 +100,14 @@ def router(svc: Service) -> APIRouter:
                             prompt_logprobs=bool(body.echo) and body.logprobs is not None,
                             topk_prompt=(body.logprobs or 0) if body.echo else 0))
         stream = bool(body.stream)
-        gen = Generation(svc, target, asks, "openai completions", stream=stream)
+        gen = Generation(svc, target, asks, "openai completions")
         events = await begin(gen, stream)
         call = _Completions(codec, body, prompts, n, asks[0].params.stop or (), echo_only)
         if events is not None:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return sse_response(call.stream(events, usage), gen.close)
         try:
-            responses = await gen.responses()
+            responses = await gen.responses(request.receive)
         finally:
             gen.close()
         return call.whole(responses)
