@@ -49,7 +49,7 @@ from tinker_local.engine.losses import (
     resolve_config,
 )
 from tinker_local.engine.losses.custom import CompiledLoss
-from tinker_local.engine.models import registry
+from tinker_local.engine.models import registry, text_codecs
 from tinker_local.engine.sampling.builtin_backend import (
     ContinuousSampling,
     EngineSampling,
@@ -179,6 +179,11 @@ class Engine:
     @staticmethod
     def available_models() -> list[str]:
         return registry.available_models()
+
+    @staticmethod
+    def text_codec(base_model: str) -> text_codecs.HfTextCodec:
+        """`contract.TextCodecs`: reads tokenizer files only, so any thread may call it."""
+        return text_codecs.codec_for(base_model)
 
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""

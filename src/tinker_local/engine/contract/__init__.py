@@ -10,7 +10,11 @@ checks at `create_custom_loss` and the engine runs.
   (`batch_models`, `loss_inputs`, `sampling`).
 - `SamplingBackend`: how sampling runs, step by step (`submit` with a done-callback, `run`
   with a `between` hook, `idle`). The built-in continuous-batching sampler and vLLM implement
-  it; `engine/factory.py` picks one by configuration.
+  it; `engine/factory.py` picks one by configuration. `StreamingSampling` (optional, the
+  built-in sampler): tokens reported as they are generated, and a request its reader left
+  taken out of the batch.
+- `TextCodecs` (optional, `text_codec.py`): a base model's tokenizer and chat template, for the
+  OpenAI- and Anthropic-compatible inference APIs, which take text rather than tokens.
 - The data: `ForwardBackwardCall`, `SamplingRequest` (not the SDK's `types.SampleRequest`: it
   names an engine sampler and holds plain token ids), `LoraSpec`, `ModelInfo`,
   `CheckpointMeta` with `read_checkpoint_meta` (which any thread may call: it reads JSON only),
@@ -22,8 +26,8 @@ order the server decides (server/core/engine_worker.py). Bad input raises `Engin
 
 Rules that keep what comes next (the whole SDK surface, a distributed engine) off this seam:
 - Inputs are plain, picklable data (ids, paths, numbers, the SDK's `tinker.types`, the frozen
-  dataclasses below), never callables or live objects; the one exception, a sampling
-  request's done-callback, stays with the caller. Each call's effect is deterministic given
+  dataclasses below), never callables or live objects; the exceptions, a sampling
+  request's done- and progress-callbacks, stay with the caller. Each call's effect is deterministic given
   its inputs and the calls before it; the only randomness is an unset seed (`LoraSpec.seed`,
   `SamplingParams.seed`), drawn by the engine. A distributed engine, where rank 0 serves HTTP
   and every rank executes the same commands in the same order, is then a rank-0 wrapper
@@ -49,12 +53,14 @@ from typing import Any, Protocol, runtime_checkable
 from tinker import types
 
 from tinker_local.engine.contract.custom_loss_ops import check_custom_loss
+from tinker_local.engine.contract.text_codec import ChatMessage, TextCodec, TextCodecs
 from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
     "DEFAULT_LORA_ALPHA",
     "OPTIMIZERS",
     "Behavior",
+    "ChatMessage",
     "CheckpointMeta",
     "CustomLoss",
     "Engine",
@@ -66,11 +72,16 @@ __all__ = [
     "LoraSpec",
     "LossInputs",
     "ModelInfo",
+    "SampleDelta",
     "SampleDone",
     "SampleOutcome",
+    "SampleProgress",
     "SamplingBackend",
     "SamplingRequest",
     "StatusReporting",
+    "StreamingSampling",
+    "TextCodec",
+    "TextCodecs",
     "check_custom_loss",
     "read_checkpoint_meta",
     "write_checkpoint_meta",
@@ -210,6 +221,25 @@ SampleOutcome = types.SampleResponse | Exception
 SampleDone = Callable[[SampleOutcome], None]
 
 
+@dataclass(frozen=True)
+class SampleDelta:
+    """What one sample of a streaming request generated since the last report: its new tokens,
+    their logprobs and, when the request asked for `topk_sample_logprobs`, the top ids and
+    logprobs at each new position."""
+
+    sample_index: int
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+
+
+# Called on the caller's thread after each step that gave a streaming request new tokens.
+# Returns False once nobody wants the rest (a client closed its stream): the request then
+# leaves the batch at once, and its `done` gets an EngineError saying it was cancelled.
+SampleProgress = Callable[[Sequence[SampleDelta]], bool]
+
+
 # ---- checkpoints --------------------------------------------------------------------------------
 
 META_FILE = "tinker_local.json"
@@ -342,6 +372,20 @@ class SamplingBackend(Protocol):
 
     def run(self, between: Callable[[], bool]) -> None:
         """Advance until idle, or until `between()` returns True."""
+        ...
+
+
+@runtime_checkable
+class StreamingSampling(Protocol):
+    """A backend that reports a request's tokens as they are generated (optional: the server
+    asks `isinstance(backend, StreamingSampling)`; without it a streamed answer arrives whole,
+    through `done`, and a request whose reader left runs to its end)."""
+
+    def submit_streaming(
+        self, request: SamplingRequest, done: SampleDone, progress: SampleProgress
+    ) -> None:
+        """`submit`, plus `progress` after each step that added tokens to one of its samples
+        (the final tokens may arrive through `done` alone)."""
         ...
 
 

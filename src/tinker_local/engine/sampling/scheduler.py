@@ -44,6 +44,7 @@ class RequestState:
     targets: types.TensorData | None = None  # target_prompt_logprobs' answer
     alt_tokens: types.PromptAltTokens | None = None  # prompt_alt_tokens_k's answer
     response: types.SampleResponse | None = None
+    rows: list[Row] = field(default_factory=list)  # every sample's row, once admitted
 
     def finish_row(self, row: Row) -> bool:
         self.samples[row.sample_index] = row
@@ -87,6 +88,14 @@ class Scheduler:
                 if owner.finish_row(row):
                     done.append(owner)
         return done
+
+    def cancel(self, state: RequestState) -> None:
+        """Take `state` out, queued or decoding: its rows leave the decode batch at once."""
+        self.queue = [s for s in self.queue if s is not state]
+        if len(self.batch):
+            keep = [i for i, row in enumerate(self.batch.rows) if row.owner is not state]
+            if len(keep) < len(self.batch):
+                self.batch.keep(keep)
 
     def drop_adapters(self, missing: set[str]) -> list[RequestState]:
         """Remove every request that uses an adapter in `missing` (queued or decoding);
@@ -184,7 +193,7 @@ class Scheduler:
         if r.stop.strings:
             assert self.tokenizer is not None
             matcher = StringStopMatcher(r.stop.strings, self.tokenizer)
-        return Row(
+        row = Row(
             owner=state,
             sample_index=sample_index,
             max_tokens=r.max_tokens,
@@ -193,6 +202,8 @@ class Scheduler:
             adapter=r.adapter,
             top_k=r.topk_sample_logprobs,
         )
+        state.rows.append(row)
+        return row
 
 
 def _score_extras(state: RequestState) -> None:
