@@ -143,7 +143,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS / "inference_apis.json"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny model, 2 chats x 4 tokens, one round: checks the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.clients, args.max_tokens, args.rounds = config.TINY_TEST_MODEL, 2, 4, 1
     prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.clients)]
     before = load_average()
     proc, base_url = start_server(args.model)
