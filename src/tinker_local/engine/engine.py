@@ -491,7 +491,8 @@ class Engine:
     def _base_sampler(self, base: _Base) -> Sampler:
         if base.sampler is None:
             loaded = base.loaded
-            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids)
+            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids,
+                                   base.vision)
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:

@@ -41,6 +41,7 @@ from concurrent.futures import Future
 import torch
 from tinker import types
 
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import (
     BASE_ADAPTER,
@@ -58,8 +59,8 @@ __all__ = ["BASE_ADAPTER", "GenRequest", "Sampler", "SamplerLoop", "SamplingErro
 
 class Sampler:
     def __init__(self, model: torch.nn.Module, tokenizer: Decoder | None,
-                 eos_token_ids: Sequence[int]):
-        self.runner = ModelRunner(model)
+                 eos_token_ids: Sequence[int], vision: VisionModel | None = None):
+        self.runner = ModelRunner(model, vision)
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
 
