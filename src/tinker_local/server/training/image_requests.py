@@ -59,7 +59,9 @@ async def counted_datums(svc: Service, model_id: str, data: list[types.Datum] | 
     try:
         out = []
         for i, datum in enumerate(data):
-            if not has_images(datum.model_input):
+            if not has_images(datum.model_input):  # still: no placeholder written as text
+                counted_input(f"datum {i}: model_input", datum.model_input, geometry,
+                              model.base_model, image_dirs)
                 out.append(datum)
                 continue
             model_input = await asyncio.to_thread(
