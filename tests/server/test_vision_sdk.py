@@ -171,18 +171,18 @@ def test_vision_family_trains_samples_and_saves(
     bare_trainer = service.create_lora_training_client(base_model=name, rank=4, seed=0).result()
     assert _sample_and_compare(bare, bare_trainer, prompts) < TOL
 
-    # compute_logprobs (prompt logprobs): None at image positions, else the forward's.
+    # compute_logprobs (prompt logprobs): 0.0 at image positions (as training reports for an
+    # image target), else the forward's.
     scored = lora_sampler.compute_logprobs(prompts[0]).result()
     forced = _logprobs(trainer.forward([next_token_datum(prompts[0], 0)],
                                        "cross_entropy").result())[0]
     tokens = flat_tokens(prompts[0])
     assert len(scored) == len(tokens) and scored[0] is None
     for i in range(1, len(tokens)):
-        is_image = i - 1 < prompts[0].length and isinstance(
-            _chunk_at(prompts[0], i), types.ImageChunk)
-        assert (scored[i] is None) == is_image, i
-        if not is_image:
-            assert abs(scored[i] - forced[i - 1]) < TOL
+        if isinstance(_chunk_at(prompts[0], i), types.ImageChunk):
+            assert scored[i] == 0.0 and forced[i - 1] == 0.0, i
+        else:
+            assert abs(scored[i] - forced[i - 1]) < TOL, i
 
     # Checkpoints load in plain transformers + peft and give the engine's logprobs.
     engine_logprobs = _logprobs(after)[0]

@@ -278,7 +278,11 @@ class Engine:
             except EngineError as error:
                 results[index] = error
                 continue
-            if call.model_id in seen:
+            # LoRA on an image encoder routes by batch row, and the encoder's rows are
+            # patches: such a model's calls with images never share a pass.
+            vision_lora = self._models[call.model_id].spec.train_vision and any(
+                d.images for d in training.data)
+            if call.model_id in seen or vision_lora:
                 later.append((index, base, training, call.forward_only))
                 continue
             seen.add(call.model_id)

@@ -162,8 +162,10 @@ def run_prefill(
 def score_prompt(
     logits: torch.Tensor, prompt: tuple[int, ...], k: int, images: tuple[ImageSlot, ...] = ()
 ) -> PromptScores:
-    """logits: [P, V] for the prompt's positions (row j predicts token j + 1). Image
-    positions carry no logprob: NaN (the SDK's None), and the top-k sentinel."""
+    """logits: [P, V] for the prompt's positions (row j predicts token j + 1). An image
+    position has no logprob: 0.0 there, as training reports for an image target (the
+    cookbook's SamplerNLLEvaluator multiplies these by zero weights, so None would make NaN),
+    and the top-k sentinel."""
     logp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
     targets = torch.tensor(prompt[1:], dtype=torch.int64, device=logits.device)
     out = np.full(len(prompt), np.nan, dtype=np.float32)
@@ -179,7 +181,7 @@ def score_prompt(
         top = TopkLogprobs(token_ids=ids, logprobs=lps)
     at_images = image_positions(len(prompt), images)
     if at_images:
-        out[at_images] = np.nan
+        out[at_images] = 0.0
         if top is not None:
             top.token_ids[at_images] = 0
             top.logprobs[at_images] = MASK_LOGPROB
