@@ -23,6 +23,8 @@ from tinker_local.engine.contract.image_decoding import ImageRefused, inspect_im
 
 SIZE = 160
 MAX_FILE_BYTES = 16 * 1024 * 1024
+# A page view decodes each image it shows: larger ones are not shown (4096 x 4096 at most).
+MAX_PIXELS = 4096 * 4096
 _SUFFIX_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg"}
 
 
@@ -42,7 +44,7 @@ def thumbnails(entries: Any, folder: Path, limit: int = 8) -> list[Thumbnail]:
 def _thumbnail(entry: Any, folder: Path) -> Thumbnail:
     try:
         data, fmt, name = _read(entry, folder)
-        inspect_image(data, fmt)
+        inspect_image(data, fmt, max_pixels=MAX_PIXELS)
     except (ImageRefused, ValueError) as error:
         return Thumbnail(None, f"image not shown: {error}")
     from PIL import Image
