@@ -53,6 +53,7 @@ from typing import Any, Protocol, runtime_checkable
 from tinker import types
 
 from tinker_local.engine.contract.custom_loss_ops import check_custom_loss
+from tinker_local.engine.contract.image_chunks import ImageGeometry, ImageSlot
 from tinker_local.engine.contract.text_codec import ChatMessage, TextCodec, TextCodecs
 from tinker_local.engine.errors import EngineError, user_error
 
@@ -69,6 +70,8 @@ __all__ = [
     "EngineStatus",
     "FaultReporting",
     "ForwardBackwardCall",
+    "ImageGeometry",
+    "ImageSlot",
     "LoraSpec",
     "LossInputs",
     "ModelInfo",
@@ -82,6 +85,7 @@ __all__ = [
     "StreamingSampling",
     "TextCodec",
     "TextCodecs",
+    "VisionModels",
     "check_custom_loss",
     "read_checkpoint_meta",
     "write_checkpoint_meta",
@@ -119,6 +123,8 @@ class LoraSpec:
     train_unembed: bool = True
     alpha: float = DEFAULT_LORA_ALPHA
     dropout: float = 0.0
+    # LoRA on a vision model's image encoder too (extension; off: the language model only).
+    train_vision: bool = False
 
     def validate(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -213,6 +219,7 @@ class SamplingRequest:
     topk_sample_logprobs: int = 0
     target_prompt_logprobs: types.TensorData | None = None
     prompt_alt_tokens_k: int = 0
+    images: tuple[ImageSlot, ...] = ()
 
 
 # What a sampling request ends with: its response, or the exception that failed it
@@ -500,6 +507,20 @@ class Engine(Protocol):
     def unload_sampler(self, sampler_id: str) -> None:
         """Its requests still in flight fail ("user" errors) or finish on the weights they
         started with."""
+        ...
+
+
+@runtime_checkable
+class VisionModels(Protocol):
+    """An engine that serves vision-language models (optional: the server asks
+    `isinstance(engine, VisionModels)`; other engines serve text only).
+
+    Images then arrive as a datum's `types.ImageChunk`s (bytes, `expected_tokens` set to the
+    count the server checked with the geometry) and as `SamplingRequest.images`."""
+
+    def image_geometry(self, base_model: str) -> ImageGeometry | None:
+        """How `base_model` turns an image into tokens; None for a text-only model. Called on
+        the engine's thread (it may load the model)."""
         ...
 
 

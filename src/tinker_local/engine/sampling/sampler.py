@@ -47,6 +47,7 @@ from tinker import types
 
 from tinker_local.engine.contract import SampleDelta, SampleProgress
 from tinker_local.engine.errors import EngineError
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import (
     BASE_ADAPTER,
@@ -76,8 +77,8 @@ class _Stream:
 
 class Sampler:
     def __init__(self, model: torch.nn.Module, tokenizer: Decoder | None,
-                 eos_token_ids: Sequence[int]):
-        self.runner = ModelRunner(model)
+                 eos_token_ids: Sequence[int], vision: VisionModel | None = None):
+        self.runner = ModelRunner(model, vision)
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
 

@@ -70,7 +70,7 @@ class Scheduler:
             raise ValueError("string stops need a tokenizer")
         state = RequestState(
             request=request,
-            key=PromptKey(request.prompt, request.adapter),
+            key=PromptKey(request.prompt, request.adapter, request.images),
             samples=[None] * request.num_samples,
         )
         self.queue.append(state)
@@ -174,7 +174,11 @@ class Scheduler:
             group_rows = src.index_select(0, keep)
             cache = group.cache
             cache.relayout(group_rows, cache.write_col)
-            lengths = torch.tensor([len(rows[i].owner.request.prompt) for i in alive])
+            # The pending token's position: the prompt's length, moved by its images' RoPE
+            # offset for a vision model.
+            deltas = group.deltas or [0] * len(group.keys)
+            lengths = torch.tensor([
+                len(rows[i].owner.request.prompt) + deltas[source[i]] for i in alive])
             joining.append(
                 NewRows(
                     rows=[rows[i] for i in alive],

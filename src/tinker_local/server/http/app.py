@@ -34,7 +34,13 @@ from tinker_local.server.http.bodies import parse_body
 from tinker_local.server.inference import anthropic_routes, openai_routes
 from tinker_local.server.inference.errors import error_body
 from tinker_local.server.sampling import restore_samplers, sample_calls
-from tinker_local.server.training import custom_losses, external_weights, model_calls, weights
+from tinker_local.server.training import (
+    custom_losses,
+    external_weights,
+    image_requests,
+    model_calls,
+    weights,
+)
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -216,8 +222,11 @@ def create_app(svc: Service) -> FastAPI:
         if isinstance(data, protobuf.NonTextChunk):
             known = svc.state.models.get(msg.model_id)
             data = data.for_model(known.base_model if known is not None else msg.model_id)
+        # Images: counted and checked against the model (a refusal still takes the seq_id).
+        data = await image_requests.counted_datums(svc, msg.model_id, data)
         record = model_calls.forward_backward(svc, msg, data)
-        tokens = 0 if isinstance(data, Exception) else sum(d.model_input.length for d in data)
+        tokens = 0 if isinstance(data, Exception) else sum(
+            image_requests.traced_length(d.model_input) for d in data)
         kind = "forward" if msg.forward_only else "forward_backward"
         _trace(svc, msg.model_id, kind, record, {"training": tokens})
         return _future_answer(record, msg.model_id)
@@ -281,7 +290,10 @@ def create_app(svc: Service) -> FastAPI:
         req = await parse_body(request, types.SampleRequest, "asample")
         # A sampler made before a restart is loaded again first (or answers 410).
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
-        return sample_calls.asample(svc, req)
+        sampler = svc.state.sampler(req.sampling_session_id) if req.sampling_session_id else None
+        prompt = None if sampler is None else await image_requests.sample_prompt(
+            svc, sampler.base_model, req.prompt)
+        return sample_calls.asample(svc, req, prompt)
 
     @app.post("/api/v1/join_sampling_session")
     async def join_sampling_session(request: Request) -> dict[str, Any]:
