@@ -16,6 +16,7 @@ numbers say more about the neighbours than about the code.
 
     .venv/bin/python benchmarks/model_families.py
     .venv/bin/python benchmarks/model_families.py --models tinker-local/tiny-qwen3.5
+    .venv/bin/python benchmarks/model_families.py --smoke --out /tmp/x.json   # seconds
 
 Prints a table and writes benchmarks/results/model_families.json. Not a test.
 """
@@ -124,7 +125,13 @@ def main() -> None:
     parser.add_argument("--train-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (one hybrid model, a few tokens): checks the script")
     args = parser.parse_args()
+    if args.smoke:
+        args.models = ["tinker-local/tiny-qwen3.5"]
+        args.prompts = args.samples = args.datums = args.repeats = 1
+        args.new_tokens, args.train_tokens, args.prompt_tokens = 2, 8, 8
 
     import torch
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import tinker
 
 from tinker_local.eval.report import ModelEval, Transcript
 from tinker_local.eval.stats import DEFAULT_LEVEL, summarize
-from tinker_local.rl.problem_env import ProblemEnv, WorldEnv
+from tinker_local.rl.problem_env import ProblemEnv, WorldEnv, decode_action
 from tinker_local.rl.types import Env, SingleTurnProblem, TextWorld
 
 # A task's items: problems, or factories of fresh text worlds (a world is single-use).
@@ -74,6 +75,23 @@ def make_env(item: EvalItem, tokenizer: Any, config: EvalConfig) -> Env:
     raise TypeError(
         f"eval items must be SingleTurnProblem or a TextWorld factory, got {type(item).__name__}"
     )
+
+
+def problem_id(item: EvalItem, index: int, config: EvalConfig) -> str:
+    """`<index>:<fingerprint>`: the same for every model shown the same problem, so two
+    evaluations can be paired problem by problem. A problem's fingerprint hashes its messages;
+    a world (built fresh for each episode) is known by the item seed it was drawn with."""
+    if isinstance(item, SingleTurnProblem):
+        text = json.dumps(item.messages(), sort_keys=True)
+        return f"{index}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return f"{index}:world-seed-{config.seed}"
+
+
+def answer_key(item: EvalItem, episode: Episode, tokenizer: Any) -> str | None:
+    """The answer a single-turn episode gave, for maj@k (None for worlds)."""
+    if not isinstance(item, SingleTurnProblem) or len(episode.turns) < 2:
+        return None
+    return item.answer_key(decode_action(tokenizer, episode.turns[1]["tokens"]))
 
 
 # Metrics in which tasks report their verifier's verdict: problems say `correct`, worlds
@@ -149,6 +167,8 @@ async def evaluate_async(
             raise ValueError(f"task {name!r} has no problems to evaluate")
     limit = asyncio.Semaphore(config.concurrency)
 
+    keys: dict[tuple[str, int, int], str | None] = {}
+
     async def one(task: str, index: int, item: EvalItem, sample: int) -> Transcript:
         async with limit:
             env = make_env(item, tokenizer, config)
@@ -163,6 +183,7 @@ async def evaluate_async(
                 raise RuntimeError(
                     f"evaluating {label!r} on task {task!r}, problem {index}, sample {sample}: {e}"
                 ) from e
+        keys[task, index, sample] = answer_key(item, episode, tokenizer)
         return Transcript(
             label, task, index, sample, episode.turns, episode.reward, episode.metrics
         )
@@ -179,7 +200,20 @@ async def evaluate_async(
         mine = [t for t in transcripts if t.task == task]
         verdicts = [verdict(t) for t in mine]
         successes = None if None in verdicts else [bool(v) for v in verdicts]
-        stats.append(summarize(task, [t.score for t in mine], config.level, successes))
+        ids = {i: problem_id(item, i, config) for i, item in enumerate(tasks[task])}
+        single_turn = all(isinstance(item, SingleTurnProblem) for item in tasks[task])
+        stats.append(
+            summarize(
+                task,
+                [t.score for t in mine],
+                config.level,
+                successes,
+                problems=[ids[t.problem_index] for t in mine],
+                answers=[keys[task, t.problem_index, t.sample_index] for t in mine]
+                if single_turn
+                else None,
+            )
+        )
     settings = asdict(config) | {"problems_per_task": {t: len(i) for t, i in tasks.items()}}
     return ModelEval(label=label, model=model, tasks=stats, settings=settings), transcripts
 

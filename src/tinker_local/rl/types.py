@@ -100,6 +100,12 @@ class SingleTurnProblem(ABC):
         """A known-good answer (for SFT data collection and tests), when one exists."""
         return None
 
+    def answer_key(self, answer: str) -> str | None:
+        """What the decoded answer answers, for majority voting over samples (maj@k): two
+        answers with the same key count as the same answer; None means no answer. Default: the
+        text with whitespace normalised; tasks that parse a final answer return that."""
+        return " ".join(answer.split()) or None
+
 
 @dataclass
 class WorldStep:

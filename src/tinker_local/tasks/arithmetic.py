@@ -50,6 +50,10 @@ class ArithmeticProblem(SingleTurnProblem):
     def reference_answer(self) -> str:
         return str(self.result)
 
+    def answer_key(self, answer: str) -> str | None:
+        found = parse_last_integer(answer)  # what `score` grades
+        return None if found is None else str(found)
+
 
 def parse_last_integer(text: str) -> int | None:
     """The last integer written in `text` ("1,234" counts as 1234), or None when there is none."""

@@ -1,14 +1,12 @@
-"""Which transformers class a checkpoint is built with: the causal LM, or, for a vision-language
-checkpoint, the image-text-to-text model that keeps its vision tower.
+"""Which transformers class builds a tiny built-in from its config: the causal LM, or, for a
+vision-language config, the image-text-to-text model that keeps its vision tower.
 
 Qwen3.5 and Qwen3.6 checkpoints (`Qwen3_5ForConditionalGeneration`, `..MoeForConditional..`)
-hold a vision tower beside the language model. `AutoModelForCausalLM` loads them as the text-only
-`Qwen3_5ForCausalLM`, silently dropping the tower; tinker-local loads the class the checkpoint
-names instead, so the tower is there for image inputs and its parameters are counted. Text-only
-inputs give the same logits either way (the language model is the same weights). Peft adapters
-trained on such a model name its modules as the full model does (`model.language_model....`),
-so a plain-peft user loads the base with `AutoModelForImageTextToText` (or the class in its
-config's `architectures`).
+hold a vision tower beside the language model, and transformers also maps their type to a
+text-only causal LM (`Qwen3_5ForCausalLM`), which would drop the tower; Qwen3-VL has only the
+image-text-to-text class. The registry loads checkpoints by the same rule
+(`registry.is_vision_config`); this module is what `builtin.py` (which the registry imports)
+builds and names its folders with.
 """
 
 from __future__ import annotations

