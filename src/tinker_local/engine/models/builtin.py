@@ -65,8 +65,8 @@ _BUILD_VERSIONS = {
     TINY_QWEN3_MOE: 1,
     TINY_GEMMA3: 1,
     TINY_GPT_OSS: 1,
-    TINY_QWEN3_5: 1,
-    TINY_QWEN3_5_MOE: 1,
+    TINY_QWEN3_5: 2,  # 2: with the image processor configuration
+    TINY_QWEN3_5_MOE: 2,
     tiny_vision.TINY_QWEN3_VL: 1,
     tiny_vision.TINY_QWEN3_VL_MOE: 1,
 }
@@ -222,6 +222,8 @@ def write_tokenizer(name: str, dest: Path) -> None:
             tokenizer = None  # the same files as tiny-qwen3.5's: converted once, copied
         elif tokenizer_kind == "qwen3_5":
             tokenizer = load_qwen3_5_tokenizer()
+            # Qwen3.5 checkpoints name Qwen3-VL's processor: the same one, patch 16, merge 2.
+            tiny_vision.write_image_processor(dest)
         else:  # tiny-llama's: SmolLM2's, parsed from the GGUF only once
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.TINY_TEST_MODEL))
         model_config = AutoConfig.for_model(model_type, **settings)
