@@ -7,14 +7,14 @@ tokens) plus its 33 special tokens from id 248,044 (`<|endoftext|>`, `<|im_start
 pre-tokenizer pattern. Those ids are the ones transformers' own Qwen3.5 config defaults name
 (`image_token_id` 248,056, `vision_start_token_id` 248,053). Here the ranks become a byte-level
 BPE (`tokenizers`) with the same NFC normalisation and pattern:
-`tests/engine/test_hybrid_families.py` checks that it encodes text, and every token's own
-text, exactly as the package's tiktoken encoder does.
+`tests/engine/test_hybrid_families.py` checks it against the package's tiktoken encoder.
 
-tiktoken takes a pre-tokenized piece that is itself a token whole, before any merging; 201
-tokens (Chinese words added to the vocabulary) are reachable no other way. The BPE therefore has
-`ignore_merges` set, and the folder names the generic `PreTrainedTokenizerFast` class, which
-loads `tokenizer.json` as it is: transformers 5's `Qwen3_5Tokenizer` rebuilds the BPE from the
-vocabulary and merges and would drop that flag.
+tiktoken takes a pre-tokenized piece that is itself a token whole, before any merging; ~200
+tokens (Chinese words added to the vocabulary) are reachable no other way. `tokenizer.json` has
+`ignore_merges` set for that (the `tokenizers` library then encodes exactly as tiktoken), but
+transformers 5's AutoTokenizer loads the model type's `Qwen3_5Tokenizer`, which rebuilds the BPE
+from the vocabulary and merges without the flag: those words then come out as their 2-3 pieces
+(the same text). Everything else encodes as tiktoken does.
 
 Merges: tiktoken merges the adjacent pair whose concatenation has the lowest rank, so a token's
 merge is the last step of running that BPE on its own bytes with only lower-ranked tokens: two
