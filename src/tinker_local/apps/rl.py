@@ -33,6 +33,7 @@ from tinker_local.apps.connect import (
     tokenizer_for,
 )
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl.env_errors import TooManyEnvErrors
 from tinker_local.rl.step_metrics import eval_task_names
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks.debate import ModelJudge
@@ -204,27 +205,34 @@ def main(argv: list[str] | None = None) -> int:
     def datasets(_tokenizer: Any) -> tuple[Any, Any]:
         return train, test
 
+    try:
+        result = _train(cfg, datasets, client, args)
+    except TooManyEnvErrors as error:  # the task is broken: its message says which and how
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    _print_result(result)
+    return 0
+
+
+def _train(cfg: RLConfig, datasets: Any, client: Any, args: argparse.Namespace) -> TrainResult:
     if args.no_progress or not sys.stderr.isatty():
-        result = run(
+        return run(
             cfg,
             datasets,
             service_client=client,
             stop_after_steps=args.stop_after_steps,
             on_step=_print_step,
         )
-    else:
-        from tinker_local.apps.progress import ProgressDisplay
+    from tinker_local.apps.progress import ProgressDisplay
 
-        with ProgressDisplay(cfg.max_steps) as progress:
-            result = run(
-                cfg,
-                datasets,
-                service_client=client,
-                stop_after_steps=args.stop_after_steps,
-                on_step=progress.update,
-            )
-    _print_result(result)
-    return 0
+    with ProgressDisplay(cfg.max_steps) as progress:
+        return run(
+            cfg,
+            datasets,
+            service_client=client,
+            stop_after_steps=args.stop_after_steps,
+            on_step=progress.update,
+        )
 
 
 def _print_step(step: int, values: dict[str, Any]) -> None:
