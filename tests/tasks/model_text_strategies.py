@@ -106,7 +106,8 @@ MARKUP = [
     "}" * 1000,
 ]
 
-CONTROL = ["\x00", "\x01", "\x1b[31m", "\x7f", "\r", "\r\n", "\t", "\x0b", "\x0c", "\u2028", "\ufeff"]
+CONTROL = ["\x00", "\x01", "\x1b[31m", "\x7f", "\r", "\r\n", "\t", "\x0b", "\x0c"]
+CONTROL += ["\u2028", "\ufeff"]  # line separator, byte-order mark
 SURROGATES = ["\ud800", "\udfff", "\udc80", "\ud83d"]  # lone halves, as a bad decode leaves them
 
 # World vocabulary: verbs and arguments so that actions reach `_apply`.

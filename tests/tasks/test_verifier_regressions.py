@@ -52,7 +52,9 @@ def test_gsm8k_compares_huge_numbers_exactly_or_not_at_all() -> None:
     assert parse_number("\\frac{1}{" + "9" * 5000 + "}") is None  # was ValueError (int limit)
 
 
-@pytest.mark.parametrize("text", ["\\frac{1}{0}", "\\dfrac{7}{0.0}", "2\\frac{1}{0}", "1/0", "3 / 0"])
+@pytest.mark.parametrize(
+    "text", ["\\frac{1}{0}", "\\dfrac{7}{0.0}", "2\\frac{1}{0}", "1/0", "3 / 0"]
+)
 def test_gsm8k_zero_denominators_are_no_number(text: str) -> None:
     assert answer_value(text) is None  # "\frac{1}{0}" used to read as 10, "1/0" as 1
 
@@ -63,7 +65,9 @@ def test_gsm8k_reads_a_fraction_after_words() -> None:
     assert answer_value("3 \\frac{1}{2}") == Fraction(7, 2)
 
 
-@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-Infinity", "1e999", "<answer>nan</answer>"])
+@pytest.mark.parametrize(
+    "text", ["nan", "NaN", "inf", "-Infinity", "1e999", "<answer>nan</answer>"]
+)
 def test_gsm8k_nan_and_inf_spelled_out(text: str) -> None:
     value = parse_number(text)
     assert value is None or abs(value) < float("inf")

@@ -39,8 +39,12 @@ PROBLEM_TASKS = sorted(n for n in registry.TASKS if registry.task_kind(n) == "pr
 WORLD_TASKS = sorted(n for n in registry.TASKS if registry.task_kind(n) == "worlds")
 
 
-def _cases(names: list[str]) -> list[tuple[str, dict]]:
-    return [(n, {}) for n in names] + [(n, v) for n in names for v in VARIANTS.get(n, [])]
+def _cases(names: list[str]) -> list:
+    cases = [(n, {}) for n in names] + [(n, v) for n in names for v in VARIANTS.get(n, [])]
+    return [
+        pytest.param(n, v, id="-".join([n, *(f"{k}={x}" for k, x in v.items())]))
+        for n, v in cases
+    ]
 
 
 def _examples(name: str, default: int) -> int:

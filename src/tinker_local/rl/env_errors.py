@@ -53,7 +53,8 @@ def excerpt(text: str, limit: int = TEXT_CHARS) -> str:
 
 
 def capture(exc: BaseException, where: str, text: str = "") -> EpisodeError:
-    """An `EpisodeError` for `exc`, raised by the task's `where` ("score", "step", ...) on `text`."""
+    """An `EpisodeError` for `exc`, raised by the task's `where` ("score", "step", ...) on
+    `text`."""
     try:
         message = f"{type(exc).__name__}: {exc}"
     except Exception:  # noqa: BLE001 - an exception whose str() raises still gets reported

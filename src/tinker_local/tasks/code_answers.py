@@ -2,7 +2,8 @@
 the sandbox-verified tasks share.
 
 Shared by the code tasks (abduction, deduction, repository repair). Every text function here
-takes arbitrary model text, never raises and runs in time linear in its length. `SandboxScored` is the common `score` /
+takes arbitrary model text, never raises and runs in time linear in its length.
+`SandboxScored` is the common `score` /
 `score_async` of abduction and deduction (parse the answer, run it in the sandbox, judge), and
 `load_code_programs` their common data source (built-in generator or a local rl-python copy).
 """

@@ -10,8 +10,8 @@ summary earns nothing for being short. Lengths are counted in words of the decod
 trained tokens are never re-encoded. Defaults: alpha 0.3, target_ratio 0.35. `<think>` blocks
 are dropped before scoring. A reply more than `MAX_LENGTH_RATIO` (4) times the passage's length
 (in words, or in characters) is no summary: reward 0 with `too_long` 1, without running ROUGE
-on it (which takes seconds on a megabyte; its F1 there is near 0 anyway). Metrics: rouge1, rouge2, rougeL, compression_ratio,
-compression_score, empty, too_long.
+on it (which takes seconds on a megabyte; its F1 there is near 0 anyway). Metrics: rouge1,
+rouge2, rougeL, compression_ratio, compression_score, empty, too_long.
 Data: procedurally generated passages (built in, offline): a few key-fact sentences (which the
 reference summary restates) mixed with filler detail, over several domains.
 """
