@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tinker_local.tasks.code_answers import extract_tagged, strip_thinking
@@ -98,7 +98,11 @@ def test_r1_format_check_is_the_full_match(text: str) -> None:
 @given(built_from(["1", "2", "0", " ", "\\frac", "\\dfrac", "{", "}", "x"]))
 def test_frac_pattern_matches_where_the_old_one_did(text: str) -> None:
     """The same fractions as the old pattern, which also swallowed the spaces before a
-    `\\frac` with no whole part ("is \\frac{1}{2}" became "is1/2", read as 2); now they stay."""
+    `\\frac` with no whole part ("is \\frac{1}{2}" became "is1/2", read as 2); now they stay.
+    One more difference, left out here: a whole part must start a digit run, so in
+    `\\frac111\\frac11` the digit after the first fraction (`\\frac11`) stays a digit instead
+    of becoming the second one's whole part."""
+    assume(not re.search(r"frac\s*(?:\{[^{}]*\}|\d)\s*\d\d", text))
     old = re.compile(
         r"(?P<whole>\d+)?\s*\\[dt]?frac\s*(?:\{(?P<num>[^{}]*)\}|(?P<num1>\d))"
         r"\s*(?:\{(?P<den>[^{}]*)\}|(?P<den1>\d))"
