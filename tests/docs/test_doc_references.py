@@ -24,6 +24,7 @@ CITED_PACKAGES = ("tinker", "tinker_cookbook", "transformers", "peft")
 EXAMPLE_NAMES = {
     "my_tinker_script.py",  # README: "run your own script"
     "script.py",
+    "my_task.py",  # docs/cookbook.md: the reader's own inspect task file
     "main.py",  # sandbox/: the program file a sandbox run writes
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository
 }

@@ -1,6 +1,6 @@
 """SandboxFusion's `run_code` request and response, answered by tinker-local's sandbox.
 
-The models follow SandboxFusion's `sandbox/server/sandbox_api.py` (`RunCodeRequest`,
+The models follow SandboxFusion's server module `sandbox_api` (`RunCodeRequest`,
 `RunCodeResponse`, `CommandRunResult`): what tinker-cookbook's `SandboxFusionClient` and other
 SandboxFusion callers send and read. What differs, and why:
 - Python only. Any other SandboxFusion language is a 422 naming it (the sandbox runs the base
