@@ -73,6 +73,8 @@ def joint_training() -> bool | None:
 # (the update is alpha / rank times B A x) and the dropout on the LoRA input while training.
 LORA_ALPHA_METADATA_KEY = "tinker_local.lora_alpha"
 LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
+# "true" puts LoRA on a vision-language model's image encoder too (off: the language model only).
+LORA_VISION_METADATA_KEY = "tinker_local.lora_vision"
 
 
 def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] | None:

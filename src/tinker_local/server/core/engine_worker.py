@@ -13,7 +13,9 @@ between other jobs: after each job the worker runs it until a job is waiting and
 lasted `sample_slice_s` (at least one step), then runs that job, then samples again. So a long
 sample neither blocks training (`forward_backward` of another client waits at most about one
 slice) nor makes later sample requests wait for it to end. Stopping the worker fails requests
-still sampling.
+still sampling. A streamed request (the compatible inference APIs, server/inference/) also
+carries a progress callback, which a `contract.StreamingSampling` backend calls on this thread
+after each step; it returns False once its reader left, and the request leaves the batch.
 
 Training jobs of different models may run together. A job submitted with a `Batchable` (a
 forward_backward) takes with it the later queued jobs of the same batch kind, one per model,
@@ -31,6 +33,7 @@ a 5xx), later jobs fail as they arrive, and `fault` says why (for healthz).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -47,9 +50,13 @@ from tinker_local.engine.contract import (
     FaultReporting,
     LossInputs,
     SampleOutcome,
+    SampleProgress,
     SamplingBackend,
     SamplingRequest,
     StatusReporting,
+    StreamingSampling,
+    TextCodec,
+    TextCodecs,
 )
 
 logger = logging.getLogger("tinker_local.server")
@@ -95,6 +102,8 @@ class _SampleJob(Generic[T]):
     # Turns the backend's outcome for this request (a response or an exception) into T.
     finish: Callable[[SampleOutcome], T]
     future: concurrent.futures.Future[T]
+    # Streaming: told each step's new tokens (when the backend can); False takes it out.
+    progress: SampleProgress | None = None
 
 
 class EngineWorker:
@@ -154,11 +163,25 @@ class EngineWorker:
         return job.future
 
     def submit_sample(
-        self, request: SamplingRequest, finish: Callable[[SampleOutcome], T]
+        self,
+        request: SamplingRequest,
+        finish: Callable[[SampleOutcome], T],
+        progress: SampleProgress | None = None,
     ) -> concurrent.futures.Future[T]:
-        job: _SampleJob[T] = _SampleJob(request, finish, concurrent.futures.Future())
+        """Queue a sampling request; `finish(outcome)` (on this thread) makes the future's
+        value. `progress`: see `contract.SampleProgress` (called on the engine thread); a
+        backend that is not a `StreamingSampling` never calls it."""
+        job: _SampleJob[T] = _SampleJob(request, finish, concurrent.futures.Future(), progress)
         self._enqueue(job)
         return job.future
+
+    def text_codec(self, base_model: str) -> TextCodec | None:
+        """The engine's codec for `base_model` (`contract.TextCodecs`, which any thread may
+        call), or None when the engine has none (or is not built yet)."""
+        engine = self._engine
+        if not isinstance(engine, TextCodecs):
+            return None
+        return engine.text_codec(base_model)
 
     def fail(self, message: str) -> None:
         """The engine can no longer serve: fail every job (running, queued, sampling) with
@@ -255,7 +278,11 @@ class EngineWorker:
         for job in jobs:
             self._sampling_jobs.add(job)
             try:
-                self._sampling.submit(job.request, lambda outcome, job=job: self._answer(job, outcome))
+                done = functools.partial(self._answer, job)
+                if job.progress is not None and isinstance(self._sampling, StreamingSampling):
+                    self._sampling.submit_streaming(job.request, done, job.progress)
+                else:
+                    self._sampling.submit(job.request, done)
             except Exception as exc:  # noqa: BLE001 - this request only
                 self._answer(job, exc)
         if jobs:

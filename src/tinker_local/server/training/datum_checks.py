@@ -14,6 +14,7 @@ import numpy as np
 from tinker import types
 
 from tinker_local.engine.contract import LossInputs
+from tinker_local.server.core import image_inputs
 from tinker_local.server.core.errors import UserError
 
 
@@ -29,7 +30,7 @@ def check_loss_fn(loss_fn: str, loss_inputs: LossInputs | None) -> None:
 def check_lengths(data: list[types.Datum], limit: int) -> None:
     """Each datum within the server's `max_sequence_len`."""
     for i, datum in enumerate(data):
-        length = datum.model_input.length
+        _, length = image_inputs.input_tokens(f"datum {i}: model_input", datum.model_input)
         if length > limit:
             raise UserError(
                 f"datum {i}: model_input has {length} tokens, more than this server's "
@@ -53,10 +54,11 @@ def check_datums(
 def _check_datum(
     index: int, datum: types.Datum, required: tuple[str, ...], vocab_size: int | None
 ) -> None:
-    tokens = datum.model_input.to_ints()
-    if not tokens:
+    # Text ids, and the length in positions (an image's count as the server checked it).
+    tokens, length = image_inputs.input_tokens(f"datum {index}: model_input", datum.model_input)
+    if not length:
         raise UserError(f"datum {index}: model_input is empty")
-    _check_token_range(index, "model_input", np.asarray(tokens), vocab_size)
+    _check_token_range(index, "model_input", tokens, vocab_size)
     for key in required:
         if key not in datum.loss_fn_inputs:
             raise UserError(
@@ -68,10 +70,10 @@ def _check_datum(
         values = np.asarray(datum.loss_fn_inputs[key].to_numpy())
         # Position i of each input belongs to position i of model_input (top-K targets add
         # a second dimension, never a different first one).
-        if values.ndim == 0 or values.shape[0] != len(tokens):
+        if values.ndim == 0 or values.shape[0] != length:
             raise UserError(
                 f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(values.shape)}, but "
-                f"model_input has {len(tokens)} tokens (the first dimension must match)"
+                f"model_input has {length} tokens (the first dimension must match)"
             )
         if key == "target_tokens":
             _check_token_range(index, "loss_fn_inputs['target_tokens']", values, vocab_size)

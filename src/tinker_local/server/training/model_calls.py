@@ -19,7 +19,11 @@ import pydantic
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from tinker_local.config import LORA_ALPHA_METADATA_KEY, LORA_DROPOUT_METADATA_KEY
+from tinker_local.config import (
+    LORA_ALPHA_METADATA_KEY,
+    LORA_DROPOUT_METADATA_KEY,
+    LORA_VISION_METADATA_KEY,
+)
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     Engine,
@@ -90,8 +94,8 @@ def _metadata_number(metadata: Mapping[str, Any], key: str) -> float | None:
 
 
 def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSpec:
-    """`spec` with the alpha and dropout that `metadata` asks for (tinker-local extension);
-    a bad value is a 400 that names its key."""
+    """`spec` with the alpha, dropout and vision-tower coverage that `metadata` asks for
+    (tinker-local extension); a bad value is a 400 that names its key."""
     metadata = metadata or {}
     alpha = _metadata_number(metadata, LORA_ALPHA_METADATA_KEY)
     dropout = _metadata_number(metadata, LORA_DROPOUT_METADATA_KEY)
@@ -101,6 +105,14 @@ def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSp
         raise ApiError(
             400, f"user_metadata[{LORA_DROPOUT_METADATA_KEY!r}] must be in [0, 1), got {dropout}"
         )
+    vision = metadata.get(LORA_VISION_METADATA_KEY)
+    if vision is not None:
+        flag = str(vision).strip().lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise ApiError(
+                400, f"user_metadata[{LORA_VISION_METADATA_KEY!r}] must be 'true' or 'false', "
+                f"got {vision!r}")
+        spec = dataclasses.replace(spec, train_vision=flag in ("true", "1"))
     if alpha is not None:
         spec = dataclasses.replace(spec, alpha=alpha)
     if dropout is not None:
