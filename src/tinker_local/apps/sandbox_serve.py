@@ -16,6 +16,13 @@ import logging
 import socket
 import sys
 
+import uvicorn
+
+from tinker_local.sandbox import SandboxConfig, detect_isolation, set_concurrency
+from tinker_local.sandbox.packages import package_entries
+from tinker_local.sandbox.run_code import RunCodeLimits
+from tinker_local.sandbox.run_code_app import create_app
+
 DEFAULT_PACKAGES = ("numpy",)
 
 
@@ -62,11 +69,8 @@ def sandbox_serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _limits(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from tinker_local.sandbox import SandboxConfig
-    from tinker_local.sandbox.packages import package_entries
-    from tinker_local.sandbox.run_code import RunCodeLimits
-
+def _limits(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RunCodeLimits:
+    """The request limits the options ask for; a usage error for a bad combination."""
     positive = {
         "--max-run-timeout": args.max_run_timeout,
         "--memory-mb": args.memory_mb,
@@ -108,12 +112,6 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     limits = _limits(args, parser)
-
-    import uvicorn
-
-    from tinker_local.sandbox import detect_isolation, set_concurrency
-    from tinker_local.sandbox.run_code_app import create_app
-
     if args.concurrency is not None:
         set_concurrency(args.concurrency)
     isolation = detect_isolation() if args.isolation == "auto" else args.isolation
