@@ -31,6 +31,8 @@ OUTPUT = {
     "sft_pipeline_demo": ("--log-dir", "dir", []),
     "sft_throughput": ("--out", "dir", []),
     "train_memory": ("--out", "dir", []),
+    "verifier_worst_case": ("--out", "file", []),
+    "vision_throughput": ("--out", "dir", []),
 }
 
 
