@@ -12,8 +12,10 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -213,3 +215,34 @@ shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "gsm8k")
         [sys.executable, "-c", script, json.dumps(rows), str(work)], check=True, env=env,
         capture_output=True,
     )
+
+
+def prefill_dataset_cache(
+    repo_id: str, splits: dict[str, list[dict]], config_name: str = "default"
+) -> Path:
+    """Write `splits` where `datasets.load_dataset(repo_id, config_name)` looks when offline:
+    the prepared Arrow files and dataset_info.json of that config, under `<namespace>___<name>` in
+    HF_DATASETS_CACHE (which follows HF_HOME, set for the whole test run by tests/conftest.py)."""
+    import datasets
+    from datasets.naming import camelcase_to_snakecase
+    from datasets.packaged_modules.json.json import Json
+
+    namespace, name = repo_id.split("/")
+    work = Path(tempfile.mkdtemp(prefix="prefill-"))
+    files = {}
+    for split, rows in splits.items():
+        path = work / f"{split}.jsonl"
+        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+        files[split] = str(path)
+    builder = Json(cache_dir=str(work / "cache"), dataset_name=name, config_name=config_name,
+                   data_files=files)
+    builder.download_and_prepare()
+    cached_name = f"{namespace}___{camelcase_to_snakecase(name)}"  # as `datasets` names it
+    dest = Path(datasets.config.HF_DATASETS_CACHE) / cached_name / config_name / "0.0.0"
+    dest = dest / "prefilled"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(builder.cache_dir, dest)
+    shutil.rmtree(work, ignore_errors=True)
+    return dest

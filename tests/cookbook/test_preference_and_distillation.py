@@ -15,10 +15,7 @@ tokenizer is what the recipe requires); the student trains with the recipe's def
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ from cookbook_support import (
     Served,
     assert_finite,
     cookbook_env,
+    prefill_dataset_cache,
     read_jsonl,
     requires_cookbook,
     run_logged,
@@ -36,35 +34,6 @@ from cookbook_support import (
 pytestmark = [pytest.mark.integration, requires_cookbook]
 
 STEPS = 2
-
-
-def prefill_dataset_cache(repo_id: str, splits: dict[str, list[dict]]) -> Path:
-    """Write `splits` where `datasets.load_dataset(repo_id)` looks when offline: the prepared
-    Arrow files and dataset_info.json of config "default", under `<namespace>___<name>` in
-    HF_DATASETS_CACHE (which follows HF_HOME, set for the whole test run by tests/conftest.py)."""
-    import datasets
-    from datasets.naming import camelcase_to_snakecase
-    from datasets.packaged_modules.json.json import Json
-
-    namespace, name = repo_id.split("/")
-    work = Path(tempfile.mkdtemp(prefix="prefill-"))
-    files = {}
-    for split, rows in splits.items():
-        path = work / f"{split}.jsonl"
-        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-        files[split] = str(path)
-    builder = Json(cache_dir=str(work / "cache"), dataset_name=name, config_name="default",
-                   data_files=files)
-    builder.download_and_prepare()
-    cached_name = f"{namespace}___{camelcase_to_snakecase(name)}"  # as `datasets` names it
-    dest = Path(datasets.config.HF_DATASETS_CACHE) / cached_name / "default" / "0.0.0"
-    dest = dest / "prefilled"
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(builder.cache_dir, dest)
-    shutil.rmtree(work, ignore_errors=True)
-    return dest
 
 
 def _hh(human: str, good: str, bad: str) -> dict[str, str]:

@@ -25,6 +25,8 @@ EXAMPLE_NAMES = {
     "my_tinker_script.py",  # README: "run your own script"
     "mytasks.py",  # docs/recipes.md: "your own task" example module
     "script.py",
+    "my_task.py",  # docs/cookbook.md: the reader's own inspect task file
+    "mytasks.py",  # docs/recipes.md, tasks/user_task.py: the reader's own task module
     "main.py",  # sandbox/: the program file a sandbox run writes
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository
 }
