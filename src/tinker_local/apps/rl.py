@@ -225,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     register_log_dir(cfg.log_dir, "rl", args.base_url)  # the console finds seed-S/ below it
     results = []
     for c, (train, test) in zip(configs, data):
-        result = _train(c, train, test, client, args)
+        try:
+            result = _train(c, _fixed_datasets(train, test), client, args)
+        except TooManyEnvErrors as error:  # the task is broken: its message says which and how
+            print(f"{PROG}: {error}", file=sys.stderr)
+            return 1
         _print_result(result)
         results.append(result)
     if seeds is not None:
@@ -245,17 +249,13 @@ def seed_config(cfg: RLConfig, seed: int) -> RLConfig:
     )
 
 
-def _train(cfg: RLConfig, train: Any, test: Any, client: Any, args: Any) -> TrainResult:
+def _fixed_datasets(train: Any, test: Any) -> Any:
+    """The loop's dataset builder for splits already built (before the server started)."""
+
     def datasets(_tokenizer: Any) -> tuple[Any, Any]:
         return train, test
 
-    try:
-        result = _train(cfg, datasets, client, args)
-    except TooManyEnvErrors as error:  # the task is broken: its message says which and how
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    _print_result(result)
-    return 0
+    return datasets
 
 
 def _train(cfg: RLConfig, datasets: Any, client: Any, args: argparse.Namespace) -> TrainResult:
