@@ -64,6 +64,23 @@ def tiny_base(tiny_model_folder):
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_folder() -> Path:
+    """SmolLM2's tokenizer files, which the tiny model shares (no weights are built for it)."""
+    from tinker_local import config
+    from tinker_local.engine.models.builtin import tokenizer_folder
+
+    return tokenizer_folder(config.TINY_TEST_MODEL)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_tokenizer_folder: Path):
+    """SmolLM2's tokenizer with its real chat template (the tiny model's too), loaded once."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_folder)
+
+
+@pytest.fixture(scope="session")
 def builtin_model_folder() -> Path:
     """The converted SmolLM2 folder (converted once per test home; ~20-45 s the first time)."""
     from tinker_local import config

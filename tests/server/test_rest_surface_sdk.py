@@ -19,7 +19,7 @@ import pyrage
 import pytest
 import tinker
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server.core import checkpoint_flags

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local import config
 from tinker_local.apps.serve import serve_parser, serve_settings
