@@ -139,7 +139,7 @@ def test_two_stage_preset_small_with_debug_dump(tmp_path):
     assert first.position.tolist() == list(range(len(first)))
 
 
-def test_bad_task_data_is_refused_before_the_server_starts(tmp_path):
+def test_bad_task_data_is_refused_before_the_server_starts(tmp_path, cli):
     cases = [
         (["--task", "gsm8k", "--task-option", f"path={tmp_path / 'missing'}"], "does not exist"),
         (["--task", "sat", "--task-option", "n=2"], "fewer than one batch"),
@@ -150,7 +150,7 @@ def test_bad_task_data_is_refused_before_the_server_starts(tmp_path):
         (["--task", "sat:0.5,arithmetic:0.5", "--task-option", "n=3"], "must name its task"),
     ]
     for args, expect in cases:
-        done = _rl(*args, "--log-dir", str(tmp_path / "x"), timeout=120)
+        done = cli("rl", "--base-model", TINY, *args, "--log-dir", str(tmp_path / "x"))
         assert done.returncode == 2, (args, done.stderr[-2000:])
         assert done.stderr.startswith("tinker-local rl: ") and expect in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and "embedded server" not in done.stderr

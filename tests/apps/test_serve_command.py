@@ -1,4 +1,6 @@
-"""`tinker-local run -- CMD` and `tinker-local serve`, as real subprocesses."""
+"""`tinker-local run -- CMD` and `tinker-local serve`: what they print and how they exit as real
+subprocesses (the banner, Ctrl-C, the child's exit code); their refusals of bad arguments run in
+this process (the `cli` fixture)."""
 
 from __future__ import annotations
 
@@ -52,8 +54,8 @@ def test_child_environment_points_the_sdk_at_the_server() -> None:
     assert "127.0.0.1" in env["no_proxy"] and env["PATH"] == "/bin"
 
 
-def test_run_needs_a_command() -> None:
-    done = subprocess.run([*CLI, "run"], check=False, capture_output=True, text=True, timeout=60)
+def test_run_needs_a_command(cli) -> None:
+    done = cli("run")
     assert done.returncode == 2 and "tinker-local run -- python train.py" in done.stderr
 
 
@@ -99,40 +101,24 @@ def test_serve_prints_how_to_connect_and_serves() -> None:
             proc.wait()
 
 
-def test_serve_refuses_a_busy_port() -> None:
+def test_serve_refuses_a_busy_port(cli, tmp_path, monkeypatch) -> None:
     import socket
 
+    monkeypatch.setenv("TINKER_LOCAL_HOME", str(tmp_path / "home"))  # its own server lock
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [*CLI, "serve", "--port", str(port)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = cli("serve", "--port", str(port))
     assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
 
 
-def test_an_engine_that_cannot_start_is_a_clear_error() -> None:
-    serve = subprocess.run(
-        [*CLI, "serve", "--port", "0", "--device", "nonsense"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_an_engine_that_cannot_start_is_a_clear_error(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TINKER_LOCAL_HOME", str(tmp_path / "home"))  # its own server lock
+    serve = cli("serve", "--port", "0", "--device", "nonsense")
     assert serve.returncode == 1 and "cannot start the engine" in serve.stderr
     assert "nonsense" in serve.stderr and "serving at" not in serve.stdout
-    run = subprocess.run(
-        [*CLI, "run", "--device", "nonsense", "--", sys.executable, "-c", "print('ran')"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = cli("run", "--device", "nonsense", "--", sys.executable, "-c", "print('ran')")
     assert run.returncode == 1 and "cannot start the server" in run.stderr
     assert "ran" not in run.stdout
 
@@ -167,17 +153,11 @@ def test_serve_with_api_keys(tmp_path: Path) -> None:
             proc.wait()
 
 
-def test_serve_refuses_bad_keys_and_limits(tmp_path: Path) -> None:
+def test_serve_refuses_bad_keys_and_limits(tmp_path: Path, cli) -> None:
     for extra, message in (
         (["--api-key", "sk-not-tinker"], "must start with 'tml-'"),
         (["--api-keys-file", str(tmp_path / "missing")], "cannot read --api-keys-file"),
         (["--max-queued", "0"], "limits must be positive: max_queued_jobs"),
     ):
-        done = subprocess.run(
-            [*CLI, "serve", "--port", "0", *extra],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = cli("serve", "--port", "0", *extra)
         assert done.returncode == 2 and message in done.stderr, done.stderr

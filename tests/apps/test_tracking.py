@@ -181,23 +181,22 @@ def test_pipeline_stages_are_runs_of_one_group(tmp_path):
     assert "train_loss" in tensorboard_scalars(root / "sft" / "tensorboard")
 
 
-def test_a_missing_tracker_package_stops_the_command_before_any_work(tmp_path, echo_data):
-    blocker = tmp_path / "blocked"
-    for name in ("wandb", "tensorboardX"):
-        (blocker / name).mkdir(parents=True)
-        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} blocked')\n")
-    env = _env(PYTHONPATH=os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]))
+def test_a_missing_tracker_package_stops_the_command_before_any_work(
+    tmp_path, echo_data, cli, monkeypatch
+):
+    for name in ("wandb", "tensorboardX"):  # `import NAME` now raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
     log_dir = tmp_path / "never"
-    done = _cli(
+    done = cli(
         "sft", str(echo_data), "--log-dir", str(log_dir), "--base-model", TINY,
-        "--wandb-project", "p", env=env,
+        "--wandb-project", "p",
     )  # fmt: skip
     assert done.returncode == 2
     assert "wandb is not installed" in done.stderr and '.[wandb]' in done.stderr
     assert not log_dir.exists()
-    done = _cli("rl", "--task", "arithmetic", "--log-dir", str(log_dir), "--tensorboard", env=env)
+    done = cli("rl", "--task", "arithmetic", "--log-dir", str(log_dir), "--tensorboard")
     assert done.returncode == 2 and "tensorboardX is not installed" in done.stderr
     assert not log_dir.exists()
-    done = _cli("eval", "--model", TINY, "--tasks", "arithmetic", "--out", str(log_dir),
-                "--wandb-project", "p", env=env)  # fmt: skip
+    done = cli("eval", "--model", TINY, "--tasks", "arithmetic", "--out", str(log_dir),
+               "--wandb-project", "p")  # fmt: skip
     assert done.returncode == 2 and "wandb is not installed" in done.stderr
