@@ -86,11 +86,12 @@ def tiny_base(tiny_model_folder):
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_folder() -> Path:
-    """SmolLM2's tokenizer files, which the tiny model shares (no weights are built for it)."""
+    """SmolLM2's tokenizer files (the tiny model has the same), read from its GGUF without
+    converting its weights (engine/models/builtin.tokenizer_folder)."""
     from tinker_local import config
     from tinker_local.engine.models.builtin import tokenizer_folder
 
-    return tokenizer_folder(config.TINY_TEST_MODEL)
+    return tokenizer_folder(config.DEFAULT_BASE_MODEL)
 
 
 @pytest.fixture(scope="session")
