@@ -20,18 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-# The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
-from sdk_coverage import (  # noqa: F401
-    pytest_collection_finish,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_protocol,
-    pytest_sessionfinish,
-    pytest_testnodedown,
-)
 from support.cli import CliRun, run_in_process
 from support.served import ServeProcess, home_sharing_models
+
+# The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
+pytest_plugins = ["sdk_coverage"]
 
 _reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
 # The controller process makes the folder; xdist workers inherit it through the environment.
@@ -52,6 +45,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+
+# `integration` means what pyproject.toml says: the test uses the real built-in model. A test
+# that takes the converted model's folder is marked here, so the marker cannot drift from the
+# code; a test that reaches the model another way (a subprocess on a fresh home) marks itself.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "builtin_model_folder" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.hookimpl(trylast=True)

@@ -85,7 +85,6 @@ def _same(alone: dict[str, Any], together: dict[str, Any]) -> None:
         assert got == pytest.approx(want, abs=1e-4)
 
 
-@pytest.mark.integration
 def test_clients_in_separate_processes_match_their_solo_runs_and_stay_isolated(
     tmp_path: Path,
 ) -> None:

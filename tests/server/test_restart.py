@@ -75,7 +75,6 @@ def _logprobs(trainer: tinker.TrainingClient) -> np.ndarray:
     return out.loss_fn_outputs[0]["logprobs"].to_numpy()
 
 
-@pytest.mark.integration
 def test_sigkill_and_restart_keeps_what_finished_and_fails_what_was_in_flight() -> None:
     key = config.LOCAL_API_KEY
     with _serve() as (proc, url):

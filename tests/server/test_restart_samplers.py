@@ -66,7 +66,6 @@ def _sample(sampler: tinker.SamplingClient) -> tuple[list[int], list[float]]:
     return sequence.tokens, sequence.logprobs or []
 
 
-@pytest.mark.integration
 def test_samplers_after_sigkill_and_restart() -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -125,7 +125,6 @@ def _expected(
     return total
 
 
-@pytest.mark.integration
 def test_stable_reinforce_trains_on_what_the_sampler_recorded(
     service: tinker.ServiceClient,
 ) -> None:
@@ -172,7 +171,6 @@ def test_stable_reinforce_trains_on_what_the_sampler_recorded(
     assert gain > 0.1
 
 
-@pytest.mark.integration
 def test_records_survive_a_restart_and_a_resumed_model_trains_on_them(
     served: Served, service: tinker.ServiceClient
 ) -> None:
