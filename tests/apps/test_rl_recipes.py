@@ -1,17 +1,16 @@
-"""`tinker-local rl` end to end on the tiny model: a task mixture with per-task curves and
-evaluation rows, the two-stage preset at a small size with the per-step debug dump, and bad task
-data refused before any server starts."""
+"""`tinker-local rl` end to end on the tiny model, run in this process (the `cli` fixture, on
+this process's embedded server): a task mixture with per-task curves and evaluation rows, the
+two-stage preset at a small size with the per-step debug dump, and bad task data refused before
+any server starts."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tinker_local import config
 from tinker_local.tasks.mixture import TaskMixture
@@ -19,18 +18,17 @@ from tinker_local.tasks.mixture import TaskMixture
 TINY = config.TINY_TEST_MODEL
 
 
-def _rl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tinker_local.cli", "rl", "--base-model", TINY, *args]
-    return subprocess.run(
-        cmd, env=os.environ.copy(), timeout=timeout, capture_output=True, text=True, check=False
-    )
+@pytest.fixture
+def _rl(cli):
+    """`tinker-local rl --base-model TINY ARGS...` in this process."""
+    return lambda *args: cli("rl", "--base-model", TINY, *args)
 
 
 def _rows(log_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_mixture_run_logs_per_task_curves_and_evaluation(tmp_path):
+def test_mixture_run_logs_per_task_curves_and_evaluation(tmp_path, _rl):
     log_dir = tmp_path / "mix"
     spec = "sat:0.4,abduction:0.3,deduction:0.3"
     done = _rl(
@@ -83,7 +81,7 @@ class _Stub:
         return 6
 
 
-def test_two_stage_preset_small_with_debug_dump(tmp_path):
+def test_two_stage_preset_small_with_debug_dump(tmp_path, _rl):
     log_dir = tmp_path / "preset"
     done = _rl(
         "--task", "arithmetic", "--preset", "two-stage", "--lora-rank", "4", "--ppo-epochs", "2",
