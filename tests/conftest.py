@@ -20,11 +20,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.cli import CliRun, run_in_process
-from support.served import ServeProcess, home_sharing_models
 
 # The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
 pytest_plugins = ["sdk_coverage"]
+
+
+def home_sharing_models(home: Path, models: Path) -> Path:
+    """A tinker-local home at `home` whose models folder is `models` (built models are shared;
+    checkpoints, the store and the server lock are its own)."""
+    home.mkdir(parents=True, exist_ok=True)
+    models.mkdir(parents=True, exist_ok=True)
+    link = home / "models"
+    if not link.exists():
+        link.symlink_to(models, target_is_directory=True)
+    return home
+
 
 _reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
 # The controller process makes the folder; xdist workers inherit it through the environment.
@@ -45,6 +55,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+# With several xdist workers on a small machine, each worker (and the servers and commands it
+# starts, which inherit this) computes on one thread: N workers x the default thread count
+# would oversubscribe the cores. Set before anything here imports torch.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# Only now: the environment above must be set before anything imports the SDK, huggingface_hub
+# or transformers (they read HF_HOME and the offline switch at import).
+from support.cli import CliRun, run_in_process
+from support.served import ServeProcess
 
 
 # `integration` means what pyproject.toml says: the test uses the real built-in model. A test
@@ -64,8 +85,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_base_path, ignore_errors=True)
 
 
-# Shared model fixtures. Imports stay inside them: the environment above must be set before
-# anything imports huggingface_hub or transformers.
+# Shared model fixtures. Imports stay inside them (see above).
 
 
 @pytest.fixture(scope="session")

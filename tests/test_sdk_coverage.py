@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sdk_coverage
@@ -85,3 +86,45 @@ def test_every_public_method_is_exercised_or_documented(request: pytest.FixtureR
         "partial run: checked that each method is called by name somewhere; the recorded-call "
         "check needs the whole suite (make test)"
     )
+
+
+class _Node:
+    def __init__(self, called: dict[str, str], full_run: bool = True) -> None:
+        self.workeroutput = {sdk_coverage._OUTPUT_KEY: {"called": called, "full_run": full_run}}
+
+
+class _Session:
+    """What the controller's pytest_sessionfinish reads: its config, the exit status it sets."""
+
+    def __init__(self) -> None:
+        self.exitstatus = pytest.ExitCode.OK
+        self.config = SimpleNamespace(pluginmanager=SimpleNamespace(get_plugin=lambda name: None))
+
+
+def test_the_xdist_controller_merges_its_workers_records_and_fails_on_a_gap(monkeypatch) -> None:
+    """What `make test` (two xdist workers) relies on: the controller fails the run when no
+    worker called a method that docs/sdk_coverage.md does not list, and passes when the
+    workers' records together cover every method."""
+    methods = sdk_coverage.public_methods()
+    listed = set(documented())
+    needed = [m for m in methods if m not in listed]
+    assert len(needed) >= 2, needed
+    half = len(needed) // 2
+    for together, expect in (
+        ([needed[:half], needed[half:]], pytest.ExitCode.OK),  # each worker called half
+        ([needed[:half], needed[half:-1]], pytest.ExitCode.TESTS_FAILED),  # one left uncalled
+    ):
+        monkeypatch.setattr(sdk_coverage, "CALLED", {})
+        monkeypatch.setattr(sdk_coverage, "_WORKERS_FULL", [])
+        for part in together:
+            sdk_coverage.pytest_testnodedown(_Node({m: "t" for m in part}), None)
+        session = _Session()
+        sdk_coverage.pytest_sessionfinish(session, 0)  # type: ignore[arg-type]
+        assert session.exitstatus == expect, together
+    # A worker whose run was partial (-k, one file) proves nothing: no verdict either way.
+    monkeypatch.setattr(sdk_coverage, "CALLED", {})
+    monkeypatch.setattr(sdk_coverage, "_WORKERS_FULL", [])
+    sdk_coverage.pytest_testnodedown(_Node({}, full_run=False), None)
+    session = _Session()
+    sdk_coverage.pytest_sessionfinish(session, 0)  # type: ignore[arg-type]
+    assert session.exitstatus == pytest.ExitCode.OK

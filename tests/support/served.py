@@ -8,7 +8,8 @@ and `start_serve` (a fresh server with the test's own flags, environment or home
 the process itself: its flags, banner, Ctrl-C, a SIGKILL and restart).
 
 One `serve` may hold a home at a time (apps/serve.py's lock), so a server that lives as long
-as the session has a home of its own, whose models folder is the run's shared one.
+as the session has a home of its own, whose models folder is the run's shared one
+(tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -121,14 +122,3 @@ class ServeProcess:
                 self.proc.kill()
                 self.proc.wait(30)
         return self.proc.returncode
-
-
-def home_sharing_models(home: Path, models: Path) -> Path:
-    """A tinker-local home at `home` whose models folder is `models` (built models are shared;
-    checkpoints, the store and the server lock are its own)."""
-    home.mkdir(parents=True, exist_ok=True)
-    models.mkdir(parents=True, exist_ok=True)
-    link = home / "models"
-    if not link.exists():
-        link.symlink_to(models, target_is_directory=True)
-    return home
