@@ -73,32 +73,20 @@ def test_run_executes_an_unmodified_script(tmp_path: Path) -> None:
     assert done.returncode == 3  # the child's exit code
 
 
-def test_serve_prints_how_to_connect_and_serves() -> None:
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "tinker-local serving at http://127.0.0.1:" in first, first
-        base_url = first.split(" at ", 1)[1].strip()
-        assert f"TINKER_BASE_URL={base_url}" in "".join(proc.stdout.readline() for _ in range(3))
-        assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
-        console = [proc.stdout.readline() for _ in range(4)][-1]
-        assert f"Web console: {base_url}/ (from this machine)" in console, console
-        assert 'id="live"' in httpx.get(f"{base_url}/", timeout=10).text
-        with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
-            sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
-            assert sampler.get_base_model() == config.TINY_TEST_MODEL
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_serve_prints_how_to_connect_and_serves(start_serve) -> None:
+    server = start_serve()
+    base_url = server.base_url
+    lines = server.output().splitlines()
+    assert lines[0] == f"tinker-local serving at {base_url}", lines
+    assert f"TINKER_BASE_URL={base_url}" in "".join(lines[1:4])
+    assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+    console = lines[7]
+    assert f"Web console: {base_url}/ (from this machine)" in console, console
+    assert 'id="live"' in httpx.get(f"{base_url}/", timeout=10).text
+    with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
+        sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
+        assert sampler.get_base_model() == config.TINY_TEST_MODEL
+    assert server.stop(signal.SIGINT) == 0
 
 
 def test_serve_refuses_a_busy_port(cli, tmp_path, monkeypatch) -> None:
@@ -123,34 +111,20 @@ def test_an_engine_that_cannot_start_is_a_clear_error(cli, tmp_path, monkeypatch
     assert "ran" not in run.stdout
 
 
-def test_serve_with_api_keys(tmp_path: Path) -> None:
+def test_serve_with_api_keys(tmp_path: Path, start_serve) -> None:
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("# one per line\ntml-from-the-file-1234\n")
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0", "--api-key", "tml-on-the-line-5678"]
-        + ["--api-keys-file", str(keys_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        base_url = first.split(" at ", 1)[1].strip()
-        assert "Accepting 2 API key(s)" in proc.stdout.readline()
-        refused = httpx.post(f"{base_url}/api/v1/create_session", json={}, timeout=10)
-        assert refused.status_code == 401 and "X-API-Key" in refused.json()["error"]
-        for key in ("tml-on-the-line-5678", "tml-from-the-file-1234"):
-            answer = httpx.post(
-                f"{base_url}/api/v1/client/config", json={}, headers={"X-API-Key": key}, timeout=10
-            )
-            assert answer.status_code == 200
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    server = start_serve("--api-key", "tml-on-the-line-5678", "--api-keys-file", str(keys_file))
+    base_url = server.base_url
+    assert "Accepting 2 API key(s)" in server.output().splitlines()[1]
+    refused = httpx.post(f"{base_url}/api/v1/create_session", json={}, timeout=10)
+    assert refused.status_code == 401 and "X-API-Key" in refused.json()["error"]
+    for key in ("tml-on-the-line-5678", "tml-from-the-file-1234"):
+        answer = httpx.post(
+            f"{base_url}/api/v1/client/config", json={}, headers={"X-API-Key": key}, timeout=10
+        )
+        assert answer.status_code == 200
+    assert server.stop(signal.SIGINT) == 0
 
 
 def test_serve_refuses_bad_keys_and_limits(tmp_path: Path, cli) -> None:

@@ -71,11 +71,11 @@ def _status(url: str) -> int:
 
 @pytest.fixture(scope="module")
 def alice(server: FakeServer) -> Iterator[tinker.ServiceClient]:
-    client = tinker.ServiceClient(
+    with tinker.ServiceClient(
         {"team": "red"}, "proj-a", display_name="nightly sweep", base_url=server.base_url,
         api_key=KEY_A,
-    )
-    yield client
+    ) as client:  # its session ends before the server stops
+        yield client
 
 
 @pytest.fixture(scope="module")

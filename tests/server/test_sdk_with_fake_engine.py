@@ -31,8 +31,8 @@ def _datum(tokens: list[int], targets: list[int] | None = None, **extra: object)
 
 @pytest.fixture(scope="module")
 def service(fake_server: FakeServer) -> Iterator[tinker.ServiceClient]:
-    client = fake_server.client()
-    yield client
+    with fake_server.client() as client:  # its session ends before the server stops
+        yield client
 
 
 @pytest.fixture()

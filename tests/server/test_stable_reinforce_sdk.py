@@ -68,8 +68,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def service(served: Served) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=served.base_url, api_key=config.LOCAL_API_KEY)
+def service(served: Served) -> Iterator[tinker.ServiceClient]:
+    # Closed (its session ended) before the module's server stops.
+    with tinker.ServiceClient(base_url=served.base_url, api_key=config.LOCAL_API_KEY) as client:
+        yield client
 
 
 def _rollouts(

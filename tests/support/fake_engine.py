@@ -53,11 +53,12 @@ NO_TOKENIZER = "/nonexistent/fake-tokenizer"
 
 class FakeSampling:
     """A sampling backend that answers everything submitted so far in one batch per `run`
-    step (recorded as ("sample_batch", n))."""
+    step (recorded as ("sample_batch", n), and each batch's prompts in `batches`)."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self._engine = engine
         self._pending: list[tuple[SamplingRequest, SampleDone]] = []
+        self.batches: list[list[list[int]]] = []
 
     @property
     def idle(self) -> bool:
@@ -74,6 +75,7 @@ class FakeSampling:
         while self._pending:
             batch, self._pending = self._pending, []
             self._engine._record("sample_batch", len(batch))
+            self.batches.append([list(request.prompt) for request, _ in batch])
             for request, done in batch:
                 try:
                     done(self._engine._sample(request))
