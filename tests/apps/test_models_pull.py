@@ -210,6 +210,7 @@ def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_pa
     with pytest.raises(tinker.RequestFailedError, match="no model 'tiny-org/absent' on ") as err:
         service.create_lora_training_client(base_model="tiny-org/absent", rank=4).result()
     assert err.value.category == "user"  # a RequestErrorCategory (a StrEnum)
+    service.close("success").result()  # before its server stops
     server.stop(signal.SIGTERM)
     text = server.output()
     assert f"{REPO} is not on this machine; pulling it" in text

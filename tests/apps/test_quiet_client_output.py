@@ -117,3 +117,7 @@ def test_serve_stops_quietly_on_ctrl_c_with_a_poll_held(start_serve) -> None:
     assert returncode == 0, rest
     assert "Cancel" not in rest and "Traceback" not in rest and "ERROR" not in rest, rest
     assert rest.rstrip().endswith("tinker-local server stopped"), rest
+    # The client outlived its server; end its session on a new one (same home and port), so it
+    # does not heartbeat at a closed port for the rest of the run.
+    start_serve("--port", server.port)
+    service.close("interrupted").result()

@@ -109,8 +109,10 @@ def _check_isolation(url: str, results: dict[int, dict[str, Any]]) -> None:
         rest.list_checkpoints(theirs["model_id"]).result()
     with pytest.raises(tinker.NotFoundError):
         rest.get_sampler(theirs["sampler_id"]).result()
-    service = tinker.ServiceClient(base_url=url, api_key=KEYS[1])
-    with pytest.raises(tinker.NotFoundError):
+    with (
+        tinker.ServiceClient(base_url=url, api_key=KEYS[1]) as service,
+        pytest.raises(tinker.NotFoundError),
+    ):
         service.create_training_client_from_state(theirs["checkpoint"]).result()
     # Raw calls naming another key's model or sampler get "not found" too.
     with httpx.Client(base_url=url, timeout=30, headers={"X-API-Key": KEYS[1]}) as http:

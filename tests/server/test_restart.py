@@ -52,6 +52,8 @@ def test_sigkill_and_restart_keeps_what_finished_and_fails_what_was_in_flight(st
     key = config.LOCAL_API_KEY
     first = start_serve()
     url = first.base_url
+    # Closed at the end, on the restarted server (same port): no session left heartbeating at
+    # a closed port for the rest of the run.
     service = tinker.ServiceClient(base_url=url, api_key=key)
     trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
     _step(trainer)
@@ -88,7 +90,7 @@ def test_sigkill_and_restart_keeps_what_finished_and_fails_what_was_in_flight(st
     first.send_signal(signal.SIGKILL)
     first.wait(30)
 
-    url = start_serve().base_url  # the same home
+    assert start_serve("--port", first.port).base_url == url  # the same home and port
     with httpx.Client(base_url=url, timeout=60) as http:
         # Finished futures are still there, byte for byte.
         assert _wait(http, done_id).content == done_body
@@ -121,7 +123,8 @@ def test_sigkill_and_restart_keeps_what_finished_and_fails_what_was_in_flight(st
     assert [c.tinker_path for c in listed] == [saved]
 
     # Resume from the checkpoint with its optimizer: the next step is the one we lost.
-    service = tinker.ServiceClient(base_url=url, api_key=key)
-    resumed = service.create_training_client_from_state_with_optimizer(saved).result()
-    assert _step(resumed) == pytest.approx(expected_loss, rel=1e-5)
-    np.testing.assert_allclose(_logprobs(resumed), expected_after, rtol=1e-4, atol=1e-5)
+    with tinker.ServiceClient(base_url=url, api_key=key) as again:
+        resumed = again.create_training_client_from_state_with_optimizer(saved).result()
+        assert _step(resumed) == pytest.approx(expected_loss, rel=1e-5)
+        np.testing.assert_allclose(_logprobs(resumed), expected_after, rtol=1e-4, atol=1e-5)
+    service.close("success").result()

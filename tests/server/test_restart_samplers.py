@@ -76,3 +76,4 @@ def test_samplers_after_sigkill_and_restart(start_serve) -> None:
     assert err.value.status_code == 410
     message = str(err.value)
     assert "server restarted" in message and "save_weights_for_sampler" in message
+    service.close("success").result()  # on the restarted server: no session left heartbeating

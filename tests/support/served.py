@@ -88,6 +88,10 @@ class ServeProcess:
         return "\n".join(self.output().splitlines()[-lines:])
 
     @property
+    def port(self) -> str:
+        return self.base_url.rsplit(":", 1)[1]
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
