@@ -189,42 +189,30 @@ def test_pull_refuses_bad_names_missing_repos_a_full_disk_and_offline_mode(hub, 
     assert "Traceback" not in full.stderr
 
 
-def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_path):
+def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_path, start_serve):
     env = _env(hub, tmp_path, TINKER_LOCAL_HOME=str(tmp_path / "home"))
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0", "--allow-download"],
-        env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert " at " in first, (tmp_path / "serve.log").read_text()[-3000:]
-        add_loopback_to_no_proxy()
-        service = tinker.ServiceClient(
-            base_url=first.split(" at ", 1)[1].strip(), api_key=config.LOCAL_API_KEY
-        )
-        trainer = service.create_lora_training_client(base_model=REPO, rank=4).result()
-        tokens = [1, 520, 9531, 198, 28, 2]
-        datum = tinker.Datum(
-            model_input=tinker.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5},
-        )
-        out = trainer.forward_backward([datum], "cross_entropy").result()
-        assert out.metrics["loss:sum"] > 0
-        sampler = trainer.save_weights_and_get_sampling_client().result()
-        result = sampler.sample(
-            tinker.ModelInput.from_ints(tokens), 1, tinker.SamplingParams(max_tokens=3)
-        ).result()
-        assert len(result.sequences[0].tokens) == 3
-        with pytest.raises(tinker.RequestFailedError, match="no model 'tiny-org/absent' on ") as err:
-            service.create_lora_training_client(base_model="tiny-org/absent", rank=4).result()
-        assert err.value.category == "user"  # a RequestErrorCategory (a StrEnum)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
-    text = (tmp_path / "serve.log").read_text()
+    server = start_serve("--allow-download", env=env)
+    add_loopback_to_no_proxy()
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
+    trainer = service.create_lora_training_client(base_model=REPO, rank=4).result()
+    tokens = [1, 520, 9531, 198, 28, 2]
+    datum = tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5},
+    )
+    out = trainer.forward_backward([datum], "cross_entropy").result()
+    assert out.metrics["loss:sum"] > 0
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    result = sampler.sample(
+        tinker.ModelInput.from_ints(tokens), 1, tinker.SamplingParams(max_tokens=3)
+    ).result()
+    assert len(result.sequences[0].tokens) == 3
+    with pytest.raises(tinker.RequestFailedError, match="no model 'tiny-org/absent' on ") as err:
+        service.create_lora_training_client(base_model="tiny-org/absent", rank=4).result()
+    assert err.value.category == "user"  # a RequestErrorCategory (a StrEnum)
+    service.close("success").result()  # before its server stops
+    server.stop(signal.SIGTERM)
+    text = server.output()
     assert f"{REPO} is not on this machine; pulling it" in text
     assert f"loading {REPO}: 3.22M parameters, 12.3 MiB in float32; " in text
     assert (_repo_cache(tmp_path) / "refs" / "main").read_text() == COMMIT

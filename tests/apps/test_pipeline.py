@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from tinker_local import config
 from tinker_local.apps.pipeline import PipelineConfig, run_pipeline
@@ -70,19 +67,7 @@ def test_pipeline_end_to_end(tmp_path):
     assert len(checkpoints.read_records(root / "rl")) == len(records)
 
 
-def _cli(config_path, *extra):
-    cmd = [sys.executable, "-m", "tinker_local.cli", "pipeline", "--config", str(config_path)]
-    return subprocess.run(
-        [*cmd, *extra],
-        env=os.environ.copy(),
-        timeout=600,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path):
+def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path, cli):
     root = tmp_path / "pipe"
     path = tmp_path / "pipeline.json"
     path.write_text(
@@ -100,7 +85,7 @@ def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path):
             }
         )
     )  # fmt: skip
-    done = _cli(path)
+    done = cli("pipeline", "--config", str(path))
     assert done.returncode == 0, done.stderr[-3000:]
     # the tiny model solves nothing: each stage gives the same answers' verdicts on every
     # problem (a difference of exactly 0), so each later stage is credibly not worse
@@ -125,7 +110,7 @@ def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path):
     assert agg["tasks"] == 2 and "unweighted_success_rate" in agg
 
 
-def test_pipeline_cli_failed_sft_falls_back_to_the_base_model(tmp_path):
+def test_pipeline_cli_failed_sft_falls_back_to_the_base_model(tmp_path, cli):
     root = tmp_path / "pipe"
     path = tmp_path / "pipeline.json"
     path.write_text(
@@ -141,7 +126,7 @@ def test_pipeline_cli_failed_sft_falls_back_to_the_base_model(tmp_path):
             }
         )
     )
-    done = _cli(path)
+    done = cli("pipeline", "--config", str(path))
     assert done.returncode == 1, done.stderr[-3000:]
     assert "- sft: failed (DataError:" in done.stdout and "fewer than one batch" in done.stdout
     assert "- rl: skipped (no SFT checkpoint to start from)" in done.stdout

@@ -16,9 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,10 @@ import pytest
 # import on the paths run here). Another release needs that check redone.
 COOKBOOK_VERSION = "0.6.1"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The tiny random Llama has SmolLM2's tokenizer and chat template (engine/models/builtin.py), so
+# every recipe that needs no answer from the model runs on it, with the same renderer; only the
+# tests whose checks need a model that can chat or add run on the built-in SmolLM2.
+TINY_MODEL = "tinker-local/tiny-llama"
 # SmolLM2's chat template is ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n`. The cookbook's
 # `qwen3_instruct` renderer writes exactly that, with no think block (see test_renderer.py).
 RENDERER = "qwen3_instruct"
@@ -119,11 +120,12 @@ _TINKER_PATH = re.compile(
 )
 
 
-def checkpoint_folder(tinker_path: str) -> Path:
-    """Where tinker-local keeps `tinker://{run}/{kind}/{name}` (docs/internals.md, Server)."""
+def checkpoint_folder(tinker_path: str, home: Path | None = None) -> Path:
+    """Where a tinker-local serving `home` (the test home by default) keeps
+    `tinker://{run}/{kind}/{name}` (docs/internals.md, Server)."""
     match = _TINKER_PATH.match(tinker_path)
     assert match, f"not a tinker:// checkpoint path: {tinker_path!r}"
-    home = Path(os.environ["TINKER_LOCAL_HOME"])
+    home = home if home is not None else Path(os.environ["TINKER_LOCAL_HOME"])
     return home / "checkpoints" / match["run"] / match["kind"] / match["name"]
 
 
@@ -131,32 +133,6 @@ def run_id_of(tinker_path: str) -> str:
     match = _TINKER_PATH.match(tinker_path)
     assert match, f"not a tinker:// checkpoint path: {tinker_path!r}"
     return match["run"]
-
-
-@dataclass
-class Served:
-    base_url: str
-    log: Path
-
-
-def wait_until_serving(proc: subprocess.Popen, log: Path, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    base_url = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"tinker-local serve exited {proc.returncode}:\n{tail(log)}")
-        if base_url is None:
-            found = re.search(r"tinker-local serving at (http://\S+)", log.read_text())
-            base_url = found.group(1) if found else None
-        if base_url is not None:
-            try:
-                with urllib.request.urlopen(f"{base_url}/api/v1/healthz", timeout=5) as resp:
-                    if resp.status == 200:
-                        return base_url
-            except OSError:
-                pass
-        time.sleep(0.2)
-    pytest.fail(f"tinker-local serve did not answer within {timeout_s} s:\n{tail(log)}")
 
 
 # -- what a recipe downloads, in place the way a user's earlier (online) run leaves it ----------

@@ -1,5 +1,6 @@
 """tinker-cookbook's DPO recipe and its on-policy distillation recipe, unmodified, for a few steps
-on the built-in model against a `tinker-local serve` subprocess, offline.
+on the tiny model (SmolLM2's tokenizer and chat template) against the session's
+`tinker-local serve` subprocess, offline.
 
 Both recipes read a Hugging Face hub dataset (`Anthropic/hh-rlhf`, `zwhe99/DeepMath-103K`).
 Offline, `datasets.load_dataset` answers from its local cache, so the test does what a user on
@@ -9,7 +10,7 @@ The recipes themselves are started exactly as their READMEs show, with small siz
 
 DPO exercises `forward_backward_custom` (the DPO loss) and the reference model's logprobs
 through `compute_logprobs`; on-policy distillation samples from the student and scores the
-samples with the teacher's `compute_logprobs`. The teacher is the built-in model too (the same
+samples with the teacher's `compute_logprobs`. The teacher is the tiny model too (the same
 tokenizer is what the recipe requires); the student trains with the recipe's default loss.
 """
 
@@ -20,9 +21,8 @@ from pathlib import Path
 
 import pytest
 from cookbook_support import (
-    MODEL,
     RENDERER,
-    Served,
+    TINY_MODEL,
     assert_finite,
     cookbook_env,
     prefill_dataset_cache,
@@ -30,8 +30,9 @@ from cookbook_support import (
     requires_cookbook,
     run_logged,
 )
+from support.served import ServeProcess
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 STEPS = 2
 
@@ -62,12 +63,12 @@ QUESTIONS = [
 ]
 
 
-def test_dpo_recipe_runs_with_finite_metrics(served: Served, tmp_path: Path) -> None:
+def test_dpo_recipe_runs_with_finite_metrics(served: ServeProcess, tmp_path: Path) -> None:
     prefill_dataset_cache("Anthropic/hh-rlhf", {"train": HH_ROWS, "test": HH_ROWS[:2]})
     log_path = tmp_path / "dpo"
     cmd = [
         sys.executable, "-m", "tinker_cookbook.recipes.preference.dpo.train",
-        f"model_name={MODEL}",
+        f"model_name={TINY_MODEL}",
         f"renderer_name={RENDERER}",
         "dataset=hhh",
         "batch_size=4",
@@ -95,13 +96,13 @@ def test_dpo_recipe_runs_with_finite_metrics(served: Served, tmp_path: Path) -> 
     assert abs(rows[0]["margin"]) < 1e-2
 
 
-def test_on_policy_distillation_runs_with_finite_metrics(served: Served, tmp_path: Path) -> None:
+def test_on_policy_distillation_runs_with_finite_metrics(served: ServeProcess, tmp_path: Path) -> None:
     prefill_dataset_cache("zwhe99/DeepMath-103K", {"train": [{"question": q} for q in QUESTIONS]})
     log_path = tmp_path / "distill"
     cmd = [
         sys.executable, "-m", "tinker_cookbook.recipes.distillation.on_policy_distillation",
-        f"model_name={MODEL}",
-        f"teacher_model={MODEL}",
+        f"model_name={TINY_MODEL}",
+        f"teacher_model={TINY_MODEL}",
         f"renderer_name={RENDERER}",
         "dataset=deepmath",
         "group_size=2",

@@ -12,9 +12,7 @@ Qwen3.5 model.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,9 +28,9 @@ from cookbook_support import (
     read_jsonl,
     requires_cookbook,
     run_logged,
-    wait_until_serving,
 )
 from image_datasets import prefill_caltech101_cache
+from support.served import ServeProcess
 
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.tiny_vision import TINY_QWEN3_VL_MOE
@@ -50,6 +48,7 @@ BATCH = 3
 class Served:
     base_url: str
     hf_home: Path
+    home: Path
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +58,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     place_in_hub_cache(hf_home, MODEL, builtin.ensure_built(TINY_QWEN3_VL_MOE))
     prefill_caltech101_cache(hf_home, tmp_path_factory.mktemp("caltech"), CLASSES,
                              per_class=4, test_rows=3)
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    folder = tmp_path_factory.mktemp("serve")
     env = {**cookbook_env(), "HF_HOME": str(hf_home)}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-        try:
-            yield Served(wait_until_serving(proc, log, timeout_s=180), hf_home)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+    server = ServeProcess(log=folder / "serve.log", env=env, home=folder / "home")
+    try:
+        yield Served(server.start(timeout_s=180).base_url, hf_home, server.home)
+    finally:
+        server.stop()
 
 
 @dataclass
@@ -139,7 +129,6 @@ def test_server_lists_the_runs_checkpoints(run: Run, served: Served) -> None:
     listed = rest.list_checkpoints(run_id).result().checkpoints
     paths = {c.tinker_path for c in listed}
     assert final["sampler_path"] in paths and final["state_path"] in paths
-    home = Path(os.environ["TINKER_LOCAL_HOME"])
     for path in (final["sampler_path"], final["state_path"]):
-        folder = checkpoint_folder(path)
-        assert folder.is_relative_to(home) and (folder / "adapter_model.safetensors").is_file()
+        folder = checkpoint_folder(path, served.home)
+        assert (folder / "adapter_model.safetensors").is_file()
