@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from server_fake_engine import FakeServer
+from support.fake_engine import FakeServer
 from test_console_http import KEY_A, _browser, keyed  # noqa: F401 - a fixture
 
 from tinker_local.apps.connect import register_log_dir
