@@ -66,7 +66,7 @@ from tinker_local.engine.training.logprobs import (
     split_causal_lm,
 )
 from tinker_local.engine.training.optimizer import AdapterOptimizer, TrainableParams
-from tinker_local.engine.training.value_head import METADATA_KEY, ValueHead, check_kind
+from tinker_local.engine.training.value_head import ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -418,7 +418,7 @@ class Engine:
             raise user_error(
                 f"loss_fn {loss.name!r} needs a value model, and {call.model_id!r} has no value "
                 "head; "
-                f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
+                f"create it with user_metadata={{{config.VALUE_HEAD_METADATA_KEY!r}: 'mlp'}} (a tinker-local "
                 "extension)"
             )
         custom = self._custom_loss(call.custom_loss) if loss.custom else None

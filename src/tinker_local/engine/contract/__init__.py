@@ -53,6 +53,7 @@ from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
     "DEFAULT_LORA_ALPHA",
+    "MAX_PROMPT_ALT_TOKENS_K",
     "OPTIMIZERS",
     "Behavior",
     "CheckpointMeta",
@@ -84,6 +85,10 @@ LossInputs = Mapping[str, tuple[str, ...]]
 # SDK's OptimizerConfig `type`: AdamW (`types.AdamParams` per step) and Dimuon
 # (`types.DimuonParams`).
 OPTIMIZERS = ("adamw", "dimuon")
+
+# The most draws per prompt position a sampling request may ask for (`prompt_alt_tokens_k`):
+# the engine's bound, which the server checks before queueing.
+MAX_PROMPT_ALT_TOKENS_K = 1024
 
 
 # ---- data -------------------------------------------------------------------------------------

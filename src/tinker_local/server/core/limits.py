@@ -18,9 +18,8 @@ MAX_NUM_SAMPLES = 1024
 MAX_TOPK_PROMPT_LOGPROBS = 1024
 MAX_TOPK_SAMPLE_LOGPROBS = 1024
 # target_prompt_logprobs and prompt_alt_tokens_k cost len(prompt) x (distinct ids, or k): bounded
-# like a top-k width.
+# like a top-k width (prompt_alt_tokens_k's bound is the engine's, contract.MAX_PROMPT_ALT_TOKENS_K).
 MAX_TARGET_PROMPT_IDS = 1024
-MAX_PROMPT_ALT_TOKENS_K = 1024
 
 
 def _live_base_models(svc: Service) -> set[str]:

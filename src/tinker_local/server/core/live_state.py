@@ -94,7 +94,10 @@ class TrainingModel:
 
 
 @dataclass
-class Sampler:
+class SamplingSession:
+    """A sampling session (the SDK's `sampling_session_id`): what the server knows of one of the
+    engine's samplers. (Not the engine's own `engine/sampling/sampler.py` Sampler, which decodes.)"""
+
     sampler_id: str
     session_id: str
     base_model: str
@@ -110,11 +113,11 @@ class ServerState:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
-        self.samplers: dict[str, Sampler] = {}
+        self.samplers: dict[str, SamplingSession] = {}
         # Snapshot samplers unloaded to bound memory (see weights.py), with the reason.
         self.evicted_samplers: dict[str, str] = {}
         # Sampler creations in flight, so a retried create_sampling_session waits for the same.
-        self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
+        self.sampler_creations: dict[str, asyncio.Task[SamplingSession]] = {}
         # model_id -> owner of training models that lived in an earlier server process.
         self.lost_models: dict[str, str] = {}
         # model_id -> (owner, why) of training models unloaded with their finished session.
@@ -161,7 +164,7 @@ class ServerState:
         check_owner(model.owner, f"model_id {model_id!r}")
         return model
 
-    def sampler(self, sampler_id_: str) -> Sampler:
+    def sampler(self, sampler_id_: str) -> SamplingSession:
         sampler = self.samplers.get(sampler_id_)
         if sampler is None:
             why = self.evicted_samplers.get(sampler_id_)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -236,13 +235,6 @@ def encode_forward_backward_output(output: types.ForwardBackwardOutput) -> bytes
     for group in _uniform_runs(output.loss_fn_outputs):
         msg.loss_fn_outputs.append(_array_record(group))
     return msg.SerializeToString()
-
-
-@dataclass
-class _Field:
-    dtype: str
-    trailing: tuple[int, ...]
-    arrays: list[np.ndarray]
 
 
 def _signature(datum: dict[str, types.TensorData]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:

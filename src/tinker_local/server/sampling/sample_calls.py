@@ -13,11 +13,16 @@ from typing import Any
 
 from tinker import types
 
-from tinker_local.engine.contract import Engine, SampleOutcome, SamplingRequest
+from tinker_local.engine.contract import (
+    MAX_PROMPT_ALT_TOKENS_K,
+    Engine,
+    SampleOutcome,
+    SamplingRequest,
+)
 from tinker_local.server.core import chunk_kinds, limits, protobuf, tinker_paths
 from tinker_local.server.core.errors import ApiError, error_message
 from tinker_local.server.core.futures import PROTOBUF, WireResult, failure_result
-from tinker_local.server.core.live_state import Sampler, remember, sampler_id
+from tinker_local.server.core.live_state import SamplingSession, remember, sampler_id
 from tinker_local.server.core.service import Service
 from tinker_local.server.sampling import prompt_targets
 from tinker_local.server.training import weights
@@ -46,7 +51,7 @@ def _session_answer(new_id: str) -> dict[str, Any]:
 
 async def _create_sampler(
     svc: Service, new_id: str, session_id: str, req: types.CreateSamplingSessionRequest
-) -> Sampler:
+) -> SamplingSession:
     adapter_dir: Path | None = None
     if req.model_path:
         _path, adapter_dir = tinker_paths.existing_checkpoint(
@@ -68,7 +73,7 @@ async def _create_sampler(
     except Exception as exc:  # reported at once: a 5xx would be retried for minutes
         raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
     session = svc.state.session(session_id, live=False)
-    sampler = Sampler(new_id, session_id, base_model, req.model_path, owner=session.owner)
+    sampler = SamplingSession(new_id, session_id, base_model, req.model_path, owner=session.owner)
     svc.state.samplers[new_id] = sampler
     session.sampler_ids.append(new_id)
     if svc.store is not None:
@@ -108,10 +113,10 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
     ):
         if not 0 <= k <= limit:
             raise ApiError(400, f"{name} must be between 0 and {limit}, got {k}")
-    if not 0 <= req.prompt_alt_tokens_k <= limits.MAX_PROMPT_ALT_TOKENS_K:
+    if not 0 <= req.prompt_alt_tokens_k <= MAX_PROMPT_ALT_TOKENS_K:
         raise ApiError(
             400,
-            f"prompt_alt_tokens_k must be between 0 and {limits.MAX_PROMPT_ALT_TOKENS_K}, got "
+            f"prompt_alt_tokens_k must be between 0 and {MAX_PROMPT_ALT_TOKENS_K}, got "
             f"{req.prompt_alt_tokens_k}",
         )
     if req.prompt_alt_tokens_k and len(prompt) < 2:

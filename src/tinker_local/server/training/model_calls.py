@@ -19,7 +19,11 @@ import pydantic
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from tinker_local.config import LORA_ALPHA_METADATA_KEY, LORA_DROPOUT_METADATA_KEY
+from tinker_local.config import (
+    LORA_ALPHA_METADATA_KEY,
+    LORA_DROPOUT_METADATA_KEY,
+    VALUE_HEAD_METADATA_KEY,
+)
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     Engine,
@@ -42,11 +46,10 @@ from tinker_local.server.core.sequencer import SeqSequencer
 from tinker_local.server.core.service import Service
 from tinker_local.server.training import custom_losses, datum_checks, sampler_records
 
-# The create_model user_metadata key that asks for a value model (see engine/training/value_head.py).
-VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
-# user_metadata keys that set the LoRA scale (alpha; the update is scaled by alpha / rank) and
-# the dropout on the LoRA input while training (config.LORA_*_METADATA_KEY). Values are numbers
-# or their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
+# user_metadata keys of tinker-local's extensions (config.py): a value model
+# (VALUE_HEAD_METADATA_KEY), the LoRA scale (alpha; the update is scaled by alpha / rank) and the
+# dropout on the LoRA input while training (LORA_*_METADATA_KEY). LoRA values are numbers or
+# their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
 # such settings.
 
 # get_info waits this long for a model still being created before telling the SDK to retry.

@@ -30,7 +30,7 @@ from tinker import types
 
 from tinker_local.engine.contract import Behavior
 from tinker_local.server.core.errors import UserError
-from tinker_local.server.core.live_state import Sampler
+from tinker_local.server.core.live_state import SamplingSession
 from tinker_local.server.core.service import Service
 from tinker_local.server.core.sqlite_store import SequenceRow, Store
 
@@ -80,7 +80,7 @@ class StabilityRecords:
     # -- sampling --------------------------------------------------------------------------------
 
     def recorder(
-        self, sampler: Sampler, prompt: Sequence[int]
+        self, sampler: SamplingSession, prompt: Sequence[int]
     ) -> Callable[[types.SampleResponse, Sequence[str]], None]:
         """What a sample with record_stability_info calls with its response and sequence ids,
         before its future resolves (so the ids are usable as soon as the client has them)."""
