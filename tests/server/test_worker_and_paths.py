@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,9 @@ def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
     order: list[str] = []
     blocker = worker.submit(lambda e: started.set() or gate.wait(10))
     assert started.wait(5)  # the worker holds the blocker, so all four samples queue behind it
-    samples = [worker.submit_sample(_request(t), lambda answer: answer) for t in (1, 2, 0, 3)]
+    samples = [Future() for _ in range(4)]
+    for future, first in zip(samples, (1, 2, 0, 3)):  # each outcome reaches its own callback
+        worker.submit_sample(_request(first), future.set_result)
     after = worker.submit(lambda e: order.append("job"))
     gate.set()
     assert blocker.result(5) is True

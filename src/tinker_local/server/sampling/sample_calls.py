@@ -187,7 +187,15 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
             protobuf.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
-    svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
+    def done(answer: SampleOutcome) -> None:
+        """The backend's answer, encoded into the request's future (on the worker thread)."""
+        try:
+            result: WireResult | Exception = finish(answer)
+        except Exception as exc:  # noqa: BLE001 - becomes this sample's error
+            result = exc
+        record.settle(result)
+
+    svc.worker.submit_sample(engine_request, done)
     answer = {"request_id": record.request_id, "sample_sequence_ids": sequence_ids}
     remember(sampler.answers_by_seq, req.seq_id, answer)
     return answer

@@ -38,7 +38,6 @@ from tinker_local.server.core.futures import (
     PROTOBUF,
     FutureRecord,
     WireResult,
-    failure_result,
     json_result,
 )
 from tinker_local.server.core.live_state import TrainingModel, training_model_id
@@ -239,12 +238,12 @@ def start_creation(
             if model.creation_error is None:
                 model.creation_error = str(exc)
             model.ready.set_result(None)
-            model.creation.future.set_result(failure_result(exc))
+            model.creation.settle(exc)
             return
         model.ready.set_result(body)
         if svc.store is not None:
             svc.store.model_created(model.model_id, model.base_model, body.get("lora_rank"))
-        model.creation.future.set_result(json_result(answer))
+        model.creation.settle(json_result(answer))
 
     svc.spawn(finish())
     return model.creation
