@@ -1,9 +1,11 @@
 """`Engine`: the torch engine, an implementation of the engine contract (`contract.Engine`).
 
 Synchronous and not thread-safe: the server calls it from one worker thread. Inputs and outputs
-are the contract's dataclasses and the SDK's own types. Bad input raises `EngineError`
-(category "user") naming the datum and field; a failed forward_backward leaves the accumulated
-gradients as they were before the call.
+are the contract's dataclasses and the SDK's own types. A forward_backward call arrives checked
+(engine/contract/datum_checks.py, which the server runs before queueing it), so the engine only
+refuses what depends on its own state (an unknown model, a value loss on a model without a value
+head) with an `EngineError` ("user"); a failed forward_backward leaves the accumulated gradients
+as they were before the call.
 
 Sampling goes through `self.sampling`, a backend built with the engine's `_resolve_sampler`
 (`sampling/builtin_backend.py`): the built-in continuous-batching sampler by default, or vLLM
@@ -27,6 +29,7 @@ import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.config import VALUE_HEAD_METADATA_KEY
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     CheckpointMeta,
@@ -41,13 +44,7 @@ from tinker_local.engine.contract import (
 )
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.adapters import AdapterPool
-from tinker_local.engine.losses import (
-    LOSS_FNS,
-    check_call,
-    get_loss_fn,
-    prepare_data,
-    resolve_config,
-)
+from tinker_local.engine.losses import LOSS_FNS, prepare_data
 from tinker_local.engine.losses.custom import CompiledLoss
 from tinker_local.engine.models import registry
 from tinker_local.engine.sampling.builtin_backend import (
@@ -174,7 +171,7 @@ class Engine:
 
     @property
     def loss_inputs(self) -> LossInputs:
-        return {name: loss.required for name, loss in LOSS_FNS.items()}
+        return {name: loss.spec.required for name, loss in LOSS_FNS.items()}
 
     @staticmethod
     def available_models() -> list[str]:
@@ -241,11 +238,6 @@ class Engine:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
         return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
 
-    def check_call(self, call: ForwardBackwardCall) -> None:
-        """Validate `call` completely without running it: the `EngineError` `forward_backward`
-        would raise, if any (a distributed engine checks a whole call before splitting it)."""
-        self._training_call(call)
-
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
         base, training = self._training_call(call)
         return self._run_calls(base, [training], call.forward_only)[0]
@@ -254,8 +246,8 @@ class Engine:
         self, calls: Sequence[ForwardBackwardCall]
     ) -> list[types.ForwardBackwardOutput | Exception]:
         """Several models' forward_backward (or forward) calls, with the results (or the
-        error) of each, in order. Each call is validated alone, so a bad one fails only
-        itself. With `batch_models` on, valid calls of different models on one base model
+        error) of each, in order. Each call is resolved alone, so one the engine refuses (an
+        unknown model, say) fails only itself. With `batch_models` on, valid calls of different models on one base model
         with the same `forward_only` run in one pass (see forward_backward.py): outputs,
         metrics and accumulated gradients equal separate calls within float rounding. If a
         joint pass fails, its calls run again one by one (each then gets its own outcome).
@@ -267,7 +259,7 @@ class Engine:
         for index, call in enumerate(calls):
             try:
                 base, training = self._training_call(call)
-            except EngineError as error:
+            except Exception as error:  # noqa: BLE001 - this call's outcome only
                 results[index] = error
                 continue
             if call.model_id in seen:
@@ -409,24 +401,25 @@ class Engine:
     # ---- internals ---------------------------------------------------------------------------
 
     def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
-        """Validate one call completely (before any compute) and resolve what runs it."""
+        """What runs one checked call (before any compute): its model, loss and tensors."""
         model = self._model(call.model_id)
         base = self._bases[model.base_model]
-        loss = get_loss_fn(call.loss_fn)
-        config = resolve_config(loss, call.loss_fn_config)
-        if loss.values and model.value_head is None:
+        loss = LOSS_FNS[call.loss_fn]
+        config = loss.spec.with_defaults(call.loss_fn_config)
+        if loss.spec.values and model.value_head is None:
             raise user_error(
-                f"loss_fn {loss.name!r} needs a value model, and {call.model_id!r} has no value "
-                "head; "
-                f"create it with user_metadata={{{config.VALUE_HEAD_METADATA_KEY!r}: 'mlp'}} (a tinker-local "
-                "extension)"
+                f"loss_fn {loss.spec.name!r} needs a value model, and {call.model_id!r} has no "
+                f"value head; create it with user_metadata={{{VALUE_HEAD_METADATA_KEY!r}: 'mlp'}} "
+                "(a tinker-local extension)"
             )
-        custom = self._custom_loss(call.custom_loss) if loss.custom else None
+        custom = None
+        if loss.spec.custom:
+            assert call.custom_loss is not None  # datum_checks.check_call made sure
+            custom = self._custom_loss(call.custom_loss)
         prepared = prepare_data(
-            call.data, loss, base.vocab, behavior=call.behavior,
-            custom_inputs=custom.inputs if custom is not None else (),
+            call.data, loss, behavior=call.behavior,
+            custom_inputs=custom.input_names[1:] if custom is not None else (),
         )
-        check_call(loss, prepared, config, call.forward_only)
         return base, TrainingCall(
             adapter_key=_train_key(call.model_id),
             data=prepared,
@@ -437,13 +430,8 @@ class Engine:
             custom=custom,
         )
 
-    def _custom_loss(self, loss: CustomLoss | None) -> CompiledLoss:
+    def _custom_loss(self, loss: CustomLoss) -> CompiledLoss:
         """The call's custom loss, rebuilt from the allow-list (once per loss id)."""
-        if loss is None:
-            raise user_error(
-                "loss_fn 'custom' runs a loss created with create_custom_loss; this call names "
-                "none"
-            )
         compiled = self._custom_losses.get(loss.loss_id)
         if compiled is None:
             compiled = CompiledLoss(loss)

@@ -103,7 +103,7 @@ def _run(
     checkpoint_activations: bool,
 ) -> list[types.ForwardBackwardOutput]:
     sequences = [[Sequence(d.tokens, d.targets) for d in call.data] for call in calls]
-    entropy = [call.loss.needs_entropy(call.config) for call in calls]
+    entropy = [call.loss.spec.needs_entropy(call.config) for call in calls]
     outputs: list[list[dict[str, types.TensorData]]] = [[{} for _ in c.data] for c in calls]
     totals = [0.0] * len(calls)
     custom_metrics: list[dict[str, float]] = [{} for _ in calls]
@@ -135,9 +135,9 @@ def _run(
             requests = [
                 OutputRequest(
                     members=tuple(n for n, (c, _) in enumerate(members) if c == call),
-                    logprobs=not calls[call].loss.values,
+                    logprobs=not calls[call].loss.spec.values,
                     entropy=entropy[call],
-                    value_head=calls[call].value_head if calls[call].loss.values else None,
+                    value_head=calls[call].value_head if calls[call].loss.spec.values else None,
                     unembed_scope=_whole_batch(routing, pool, keys[call]),
                 )
                 for call in present
@@ -151,8 +151,8 @@ def _run(
                 for n, ((c, i), out) in enumerate(zip(members, computed)):
                     call = calls[c]
                     # A value loss reads the values where the others read logprobs.
-                    main = out.values if call.loss.values else out.logprobs
-                    name = "values" if call.loss.values else "logprobs"
+                    main = out.values if call.loss.spec.values else out.logprobs
+                    name = "values" if call.loss.spec.values else "logprobs"
                     outputs[c][i] = {name: types.TensorData.from_torch(main.detach().float().cpu())}
                     if call.custom is not None:
                         datum_loss, metrics = call.custom(i, main, call.data[i].inputs)

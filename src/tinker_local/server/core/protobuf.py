@@ -121,6 +121,9 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
     }
     model_input_spans = _spans_from_proto(index, "model_input_spans", msg.model_input_spans)
     loss_fn_input_spans = _spans_from_proto(index, "loss_fn_input_spans", msg.loss_fn_input_spans)
+    # The one check of the pair: a types.Datum cannot hold half of one (its constructor asserts
+    # it), so it is made here, where the wire can. That the runs tile their fields is a datum
+    # check (engine/contract/datum_checks.py).
     if (model_input_spans is None) != (loss_fn_input_spans is None):
         raise UserError(
             f"datum {index}: provenance comes as a pair: set both model_input_spans and "

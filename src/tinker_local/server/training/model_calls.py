@@ -27,9 +27,11 @@ from tinker_local.config import (
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     Engine,
+    EngineError,
     ForwardBackwardCall,
     LoraSpec,
     ModelInfo,
+    datum_checks,
 )
 from tinker_local.server.core import limits, protobuf
 from tinker_local.server.core.engine_worker import Batchable, Job
@@ -43,7 +45,7 @@ from tinker_local.server.core.futures import (
 from tinker_local.server.core.live_state import TrainingModel, training_model_id
 from tinker_local.server.core.sequencer import SeqSequencer
 from tinker_local.server.core.service import Service
-from tinker_local.server.training import custom_losses, datum_checks, sampler_records
+from tinker_local.server.training import custom_losses, sampler_records
 
 # user_metadata keys of tinker-local's extensions (config.py): a value model
 # (VALUE_HEAD_METADATA_KEY), the LoRA scale (alpha; the update is scaled by alpha / rank) and the
@@ -339,21 +341,12 @@ def forward_backward(
     def prepare() -> Job[WireResult]:
         if isinstance(data, UserError):
             raise data
-        datum_checks.check_loss_fn(msg.loss_fn, svc.loss_inputs)
-        datum_checks.check_lengths(data, svc.settings.max_sequence_len)
-        datum_checks.check_datums(data, msg.loss_fn, svc.loss_inputs, model.vocab_size)
-        sampler_records.check_tiling(data)
-        config = protobuf.loss_fn_config_from_proto(msg)
-        behavior, custom_loss = None, None
-        if msg.loss_fn == "stable_reinforce":
-            behavior = sampler_records.records_of(svc).resolve(model.session_id, model.owner, data, msg.loss_fn)
-        if msg.loss_fn == "custom":
-            custom_loss = custom_losses.lookup(custom_losses.losses_of(svc), model, config)
-            config = None  # the loss_id only names the loss
-        call = ForwardBackwardCall(
-            model.model_id, data, msg.loss_fn, config, forward_only, behavior, custom_loss
-        )
-        job = ForwardBackwardJob(model, call)
+        try:
+            call = _checked_call(svc, model, msg, data)
+        except EngineError as exc:  # what the contract's checks refuse: this request's 4xx
+            raise UserError(exc.message) from None
+        # Token ids wait for the vocabulary when the model's creation had not answered yet.
+        job = ForwardBackwardJob(model, call, check_token_ids=model.vocab_size is None)
         return Job(job.run, Batchable("forward_backward", job, run_forward_backward_jobs))
 
     return svc.submit_ordered(
@@ -365,16 +358,51 @@ def forward_backward(
     )
 
 
+def _checked_call(
+    svc: Service, model: TrainingModel, msg: pb.ForwardBackwardRequest, data: list[types.Datum]
+) -> ForwardBackwardCall:
+    """The engine call for a request, checked (engine/contract/datum_checks.py) before it is
+    queued: the engine trusts it."""
+    spec = datum_checks.loss_spec(msg.loss_fn, svc.loss_inputs)
+    limits.check_datum_lengths(svc, data)
+    datum_checks.check_data(data, spec, model.vocab_size)
+    config = protobuf.loss_fn_config_from_proto(msg)
+    behavior, custom_loss = None, None
+    if spec.behavior:
+        records = sampler_records.records_of(svc)
+        behavior = records.resolve(model.session_id, model.owner, data, msg.loss_fn)
+    if spec.custom:
+        custom_loss = custom_losses.lookup(custom_losses.losses_of(svc), model, config)
+        config = None  # the loss_id only names the loss
+    call = ForwardBackwardCall(
+        model.model_id, data, msg.loss_fn, config, msg.forward_only, behavior, custom_loss
+    )
+    datum_checks.check_call(call, spec)
+    return call
+
+
 @dataclass(frozen=True)
 class ForwardBackwardJob:
     """A forward_backward on the worker: alone (`run`), or with other models' jobs in one
-    `engine.forward_backward_many` (`run_forward_backward_jobs`)."""
+    `engine.forward_backward_many` (`run_forward_backward_jobs`). `check_token_ids`: the call's
+    token ids are still to be checked, against the vocabulary the engine gives the model."""
 
     model: TrainingModel
     call: ForwardBackwardCall
+    check_token_ids: bool = False
+
+    def ready(self, engine: Engine) -> None:
+        """What must hold before the engine runs the call (a UserError if not)."""
+        check_created(self.model)
+        if self.check_token_ids:
+            vocab_size = engine.model_info(self.model.model_id).vocab_size
+            try:
+                datum_checks.check_token_ids(self.call.data, vocab_size)
+            except EngineError as exc:
+                raise UserError(exc.message) from None
 
     def run(self, engine: Engine) -> WireResult:
-        check_created(self.model)
+        self.ready(engine)
         return _encode(engine.forward_backward(self.call))
 
 
@@ -391,7 +419,7 @@ def run_forward_backward_jobs(
     runnable = []
     for index, job in enumerate(jobs):
         try:
-            check_created(job.model)
+            job.ready(engine)
         except UserError as exc:
             answers[index] = exc
         else:

@@ -10,9 +10,10 @@ every training request that uses a record restarts its day.
 
 A training datum names records through its provenance (`Datum.with_provenance`): runs of
 `PromptProvenanceSpan` / `SampledProvenanceSpan` tiling `model_input` and `target_tokens`.
+That the runs tile those fields is a datum check (engine/contract/datum_checks.py, run first);
 `resolve` checks every run against the records (the ids exist, belong to this session and have
-not expired, the runs add up and stay inside what was recorded, the input tokens and the sampled
-target tokens are the recorded ones) and returns, per
+not expired, the runs stay inside what was recorded, the input tokens and the sampled target
+tokens are the recorded ones) and returns, per
 datum, the sampler's logprob of each sampled target token (`contract.Behavior`). Every problem
 is a `UserError` naming the datum, the run and what is wrong.
 """
@@ -200,37 +201,6 @@ class StabilityRecords:
             )
             found.update((row[0], row) for row in rows)  # type: ignore[misc]
         return found
-
-
-def check_tiling(data: Sequence[types.Datum]) -> None:
-    """Provenance, where a datum has it, tiles the fields it annotates (any loss)."""
-    for index, datum in enumerate(data):
-        if (datum.model_input_spans is None) != (datum.loss_fn_input_spans is None):
-            raise UserError(
-                f"datum {index}: provenance comes as a pair: model_input_spans and "
-                "loss_fn_input_spans"
-            )
-        if datum.model_input_spans is None or datum.loss_fn_input_spans is None:
-            continue
-        _check_cover(index, "model_input_spans", datum.model_input_spans,
-                     datum.model_input.length, "model_input tokens")
-        targets = datum.loss_fn_inputs.get("target_tokens")
-        if targets is not None:
-            shape = targets.shape or list(np.asarray(targets.to_numpy()).shape)
-            rows = int(shape[0]) if shape else 0
-            _check_cover(index, "loss_fn_input_spans", datum.loss_fn_input_spans, rows,
-                         "target_tokens rows")
-
-
-def _check_cover(
-    index: int, name: str, spans: types.ProvenanceSpans, expected: int, what: str
-) -> None:
-    covered = sum(span.length for span in spans)
-    if covered != expected:
-        raise UserError(
-            f"datum {index}: {name} cover {covered} positions, but the datum has {expected} "
-            f"{what}; the runs must tile it exactly"
-        )
 
 
 def _check_usable(
