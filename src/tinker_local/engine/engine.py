@@ -23,7 +23,6 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tinker import types
@@ -81,7 +80,7 @@ __all__ = [
 
 @dataclass
 class _Base:
-    loaded: Any  # registry.LoadedBase
+    loaded: registry.LoadedBase
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
@@ -91,7 +90,9 @@ class _Base:
 class _TrainingModel:
     base_model: str
     spec: LoraSpec
-    optimizer: TrainableParams  # AdapterOptimizer (AdamW) or DimuonOptimizer
+    # Every trainable parameter by stable name: the LoRA's, then the value head's (`_trainable`).
+    params: dict[str, torch.nn.Parameter]
+    optimizer: TrainableParams  # over `params`: AdapterOptimizer (AdamW) or DimuonOptimizer
     value_head: ValueHead | None = None
 
 
@@ -131,7 +132,7 @@ class Engine:
         dtype: str | None = None,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         checkpoint_activations: bool = True,
-        loader: Callable[[str], Any] | None = None,
+        loader: Callable[[str], registry.LoadedBase] | None = None,
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
     ):
@@ -218,11 +219,12 @@ class Engine:
         base.pool.create(key, lora)
         try:
             head = None if value_head is None else self._new_head(base, lora, value_head)
-            trainer = _new_optimizer(optimizer, _trainable(base.pool, key, head), lora)
+            params = _trainable(base.pool, key, head)
+            trainer = _new_optimizer(optimizer, params, lora)
         except BaseException:
             base.pool.remove(key)
             raise
-        self._models[model_id] = _TrainingModel(base_model, lora, trainer, head)
+        self._models[model_id] = _TrainingModel(base_model, lora, params, trainer, head)
         return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
@@ -236,7 +238,7 @@ class Engine:
 
     def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
-        return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
+        return dict(self._model(model_id).params)
 
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
         base, training = self._training_call(call)
@@ -336,14 +338,14 @@ class Engine:
         if meta.value_head is not None:  # into a new module: the model's own stays as it was
             head = self._new_head(base, model.spec, meta.value_head)  # until all is loaded
             head.load(head_state)
-        fresh = _new_optimizer(family, _trainable(pool, key, head), model.spec)
+        params = _trainable(pool, key, head)
+        fresh = _new_optimizer(family, params, model.spec)
         if optimizer_state is not None:
             fresh.load_state_dict(optimizer_state)
         pool.load_state_dict(key, weights)
         if optimizer_state is None:
             fresh.steps = meta.step
-        model.optimizer = fresh
-        model.value_head = head
+        model.params, model.optimizer, model.value_head = params, fresh, head
 
     def unload_model(self, model_id: str) -> None:
         model = self._model(model_id)
@@ -425,7 +427,7 @@ class Engine:
             data=prepared,
             loss=loss,
             config=config,
-            params=list(model.optimizer.params),
+            params=list(model.params.values()),
             value_head=model.value_head,
             custom=custom,
         )
