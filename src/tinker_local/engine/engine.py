@@ -249,11 +249,12 @@ class Engine:
     ) -> list[types.ForwardBackwardOutput | Exception]:
         """Several models' forward_backward (or forward) calls, with the results (or the
         error) of each, in order. Each call is resolved alone, so one the engine refuses (an
-        unknown model, say) fails only itself. With `batch_models` on, valid calls of different models on one base model
-        with the same `forward_only` run in one pass (see forward_backward.py): outputs,
-        metrics and accumulated gradients equal separate calls within float rounding. If a
-        joint pass fails, its calls run again one by one (each then gets its own outcome).
-        A model named twice runs its later call after the earlier one."""
+        unknown model, say) fails only itself. With `batch_models` on, the other calls of
+        different models on one base model with the same `forward_only` run in one pass (see
+        forward_backward.py): outputs, metrics and accumulated gradients equal separate calls
+        within float rounding. If a joint pass fails, its calls run again one by one (each then
+        gets its own outcome): the server's one batching layer. A model named twice runs its
+        later call after the earlier one."""
         results: list[types.ForwardBackwardOutput | Exception | None] = [None] * len(calls)
         groups: dict[tuple[str, bool], list[tuple[int, _Base, TrainingCall]]] = {}
         later: list[tuple[int, _Base, TrainingCall, bool]] = []

@@ -188,7 +188,9 @@ def _check_finite(index: int, field: str, values: np.ndarray) -> None:
     bad = ~np.isfinite(values.astype(np.float64, copy=False))
     if bad.any():
         flat = int(np.flatnonzero(bad)[0])
-        where = flat if values.ndim == 1 else tuple(int(i) for i in np.unravel_index(flat, bad.shape))
+        where: int | tuple[int, ...] = flat
+        if values.ndim > 1:
+            where = tuple(int(i) for i in np.unravel_index(flat, bad.shape))
         raise datum_error(index, field, f"is not finite at position {where} ({values.flat[flat]})")
 
 

@@ -60,8 +60,10 @@ class LossSpec:
 
     def with_defaults(self, config: Mapping[str, object] | None) -> dict[str, float]:
         """A checked `loss_fn_config` with the options it leaves out at their defaults."""
-        given = {key: float(value) for key, value in (config or {}).items()}  # type: ignore[arg-type]
-        return {**self.config_defaults, **given}
+        resolved = dict(self.config_defaults)
+        for key, value in (config or {}).items():
+            resolved[key] = float(value)  # type: ignore[arg-type]
+        return resolved
 
 
 _RL_INPUTS = ("logprobs", "advantages")
@@ -114,7 +116,8 @@ def check_config(spec: LossSpec, config: Mapping[str, object] | None) -> None:
             raise user_error(
                 f"loss_fn_config[{key!r}] is not an option of {spec.name} (valid options: {valid})"
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not is_number or not math.isfinite(value):  # type: ignore[arg-type]
             raise user_error(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
     resolved = spec.with_defaults(config)
     if "clip_low_threshold" in resolved:

@@ -119,49 +119,18 @@ def run_training_calls(
 ) -> list[types.ForwardBackwardOutput]:
     """Run every call in one pass (each model at most once); gradients accumulate into each
     model's own parameters unless `forward_only`. All or nothing: if anything fails, every
-    model's gradients are put back as they were and the exception propagates."""
+    model's gradients are put back as they were and the exception propagates.
+
+    Plan the rows, then per micro-batch: one forward, each datum's outputs and loss, one
+    backward."""
     keys = [call.adapter_key for call in calls]
     if len(set(keys)) != len(keys):
         raise ValueError("each model may appear once in a training pass")
-    saved = None if forward_only else [
-        [None if p.grad is None else p.grad.clone() for p in call.params] for call in calls
-    ]
-    try:
-        return _run(pool, calls, forward_only, token_budget, checkpoint_activations)
-    except BaseException:
-        if saved is not None:  # drop this pass's partial gradients
-            for call, grads in zip(calls, saved):
-                for param, grad in zip(call.params, grads):
-                    param.grad = grad
-        raise
-
-
-@contextlib.contextmanager
-def _adapters(
-    pool: AdapterPool, keys: list[str], trainable: bool
-) -> Iterator[tuple[nn.Module, RowRouting | None]]:
-    if len(keys) == 1:
-        with pool.active(keys[0], trainable=trainable) as model:
-            yield model, None
-    else:
-        with pool.routed(keys, trainable=trainable) as routing:
-            yield pool.model, routing
-
-
-def _run(
-    pool: AdapterPool,
-    calls: list[TrainingCall],
-    forward_only: bool,
-    token_budget: int,
-    checkpoint_activations: bool,
-) -> list[types.ForwardBackwardOutput]:
-    """Plan the rows, then per micro-batch: one forward, each datum's outputs and loss, one
-    backward."""
     sequences = [[Sequence(d.tokens, d.targets) for d in call.data] for call in calls]
     rows = _plan_rows(sequences, token_budget)
     results = [_CallResult([{} for _ in call.data]) for call in calls]
-    keys = [call.adapter_key for call in calls]
     with (
+        _gradients_put_back_on_failure(calls, forward_only),
         _adapters(pool, keys, trainable=not forward_only) as (model, routing),
         torch.set_grad_enabled(not forward_only),
         activation_checkpointing(model, checkpoint_activations and not forward_only),
@@ -182,6 +151,35 @@ def _run(
             for call_index, loss in call_losses.items():
                 results[call_index].loss_sum += float(loss.detach())
     return [result.output() for result in results]
+
+
+@contextlib.contextmanager
+def _gradients_put_back_on_failure(calls: list[TrainingCall], forward_only: bool) -> Iterator[None]:
+    """If the pass fails, every model's gradients go back to what they were before it (a
+    forward-only pass changes none)."""
+    saved = None if forward_only else [
+        [None if p.grad is None else p.grad.clone() for p in call.params] for call in calls
+    ]
+    try:
+        yield
+    except BaseException:
+        if saved is not None:  # drop this pass's partial gradients
+            for call, grads in zip(calls, saved):
+                for param, grad in zip(call.params, grads):
+                    param.grad = grad
+        raise
+
+
+@contextlib.contextmanager
+def _adapters(
+    pool: AdapterPool, keys: list[str], trainable: bool
+) -> Iterator[tuple[nn.Module, RowRouting | None]]:
+    if len(keys) == 1:
+        with pool.active(keys[0], trainable=trainable) as model:
+            yield model, None
+    else:
+        with pool.routed(keys, trainable=trainable) as routing:
+            yield pool.model, routing
 
 
 def _plan_rows(sequences: list[list[Sequence]], token_budget: int) -> list[_Row]:

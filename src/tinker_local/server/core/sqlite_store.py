@@ -87,22 +87,12 @@ class StoredSampler:
 
 
 @dataclass(frozen=True)
-class SessionRow:
-    session_id: str
-    owner: str
-    user_metadata: dict[str, Any] | None
-    created_at: float
-    finished: str | None
-    project_id: str | None
-    display_name: str | None
-
-
-@dataclass(frozen=True)
 class StoredSession:
     session_id: str
     owner: str
     user_metadata: dict[str, Any] | None
     created_at: float
+    finished: str | None = None  # the finish reason, once finished
     project_id: str | None = None
     display_name: str | None = None
 
@@ -172,11 +162,7 @@ class Store:
         return self.changed("DELETE FROM futures WHERE created_at < ?", (cutoff,))
 
     def open_sessions(self) -> list[StoredSession]:
-        rows = self.execute(
-            "SELECT session_id, owner, user_metadata, created_at, project_id, display_name "
-            "FROM sessions WHERE finished IS NULL"
-        )
-        return [StoredSession(r[0], r[1], _loads(r[2]), r[3], r[4], r[5]) for r in rows]
+        return self._sessions("finished IS NULL")
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -270,14 +256,17 @@ class Store:
         )
         return [StoredSampler(*row) for row in rows]
 
-    def sessions_of(self, owner: str) -> list[SessionRow]:
+    def sessions_of(self, owner: str) -> list[StoredSession]:
         """Every session of `owner`, finished or not, from every process on this store."""
+        return self._sessions("owner = ?", (owner,))
+
+    def _sessions(self, where: str, args: tuple[Any, ...] = ()) -> list[StoredSession]:
         rows = self.execute(
             "SELECT session_id, owner, user_metadata, created_at, finished, project_id, "
-            "display_name FROM sessions WHERE owner = ?",
-            (owner,),
+            f"display_name FROM sessions WHERE {where}",
+            args,
         )
-        return [SessionRow(r[0], r[1], _loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
+        return [StoredSession(r[0], r[1], _loads(r[2]), *r[3:]) for r in rows]
 
     def session_members(self, session_id: str) -> tuple[list[str], list[str]]:
         """(model ids, sampler ids) a session created, in every process."""
