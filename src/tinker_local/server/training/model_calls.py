@@ -392,11 +392,12 @@ class ForwardBackwardJob:
     check_token_ids: bool = False
 
     def ready(self, engine: Engine) -> None:
-        """What must hold before the engine runs the call (a UserError if not)."""
+        """What must hold before the engine runs the call (a UserError if not: it fails this
+        job alone, also when it runs with others)."""
         check_created(self.model)
         if self.check_token_ids:
-            vocab_size = engine.model_info(self.model.model_id).vocab_size
             try:
+                vocab_size = engine.model_info(self.model.model_id).vocab_size
                 datum_checks.check_token_ids(self.call.data, vocab_size)
             except EngineError as exc:
                 raise UserError(exc.message) from None
