@@ -1,48 +1,91 @@
-"""Test isolation: every test run gets its own tinker-local home and HF cache, offline.
+"""Test isolation and the fixtures every folder shares.
 
-Set TINKER_LOCAL_TEST_HOME to reuse one folder across runs (the built-in model is then
-converted only once); by default a fresh temporary folder is used, as in CI.
+Every test run gets its own tinker-local home and HF cache, offline. Set TINKER_LOCAL_TEST_HOME
+to reuse one folder across runs (the built-in model is then converted only once); by default a
+fresh temporary folder is used, as in CI. Under pytest-xdist the workers share that folder's
+models and HF cache, and each has a home of its own (one `tinker-local serve` may hold a home).
+
+Shared fixtures: the tiny and built-in models' folders, SmolLM2's tokenizer, a real
+`tinker-local serve` (`served`, one per session; `start_serve` for a fresh one with the test's
+own flags, see tests/support/served.py), and `cli`, `tinker-local ARGS...` run in this process
+(tests/support/cli.py).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import urllib.parse
-import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 # The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
-from sdk_coverage import (  # noqa: F401
-    pytest_collection_finish,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_protocol,
-)
+pytest_plugins = ["sdk_coverage"]
+
+
+def home_sharing_models(home: Path, models: Path) -> Path:
+    """A tinker-local home at `home` whose models folder is `models` (built models are shared;
+    checkpoints, the store and the server lock are its own)."""
+    home.mkdir(parents=True, exist_ok=True)
+    models.mkdir(parents=True, exist_ok=True)
+    link = home / "models"
+    if not link.exists():
+        link.symlink_to(models, target_is_directory=True)
+    return home
+
 
 _reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
-_base_path = Path(_reused_home or tempfile.mkdtemp(prefix="tinker-local-test-")).resolve()
-os.environ["TINKER_LOCAL_HOME"] = str(_base_path / "home")
+# The controller process makes the folder; xdist workers inherit it through the environment.
+_BASE_ENV = "TINKER_LOCAL_TEST_BASE"
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _reused_home:
+    _base_path = Path(_reused_home).resolve()
+elif _worker and os.environ.get(_BASE_ENV):
+    _base_path = Path(os.environ[_BASE_ENV])
+else:
+    _base_path = Path(tempfile.mkdtemp(prefix="tinker-local-test-")).resolve()
+    os.environ[_BASE_ENV] = str(_base_path)
+_shared_models = _base_path / "models"
+_home = home_sharing_models(_base_path / (f"home-{_worker}" if _worker else "home"), _shared_models)
+os.environ["TINKER_LOCAL_HOME"] = str(_home)
 os.environ["HF_HOME"] = str(_base_path / "hf")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+# With several xdist workers on a small machine, each worker (and the servers and commands it
+# starts, which inherit this) computes on one thread: N workers x the default thread count
+# would oversubscribe the cores. Set before anything here imports torch.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# Only now: the environment above must be set before anything imports the SDK, huggingface_hub
+# or transformers (they read HF_HOME and the offline switch at import).
+from support.cli import CliRun, run_in_process
+from support.served import ServeProcess
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Delete the per-run temporary home (it holds a ~550 MB converted model); a reused
-    TINKER_LOCAL_TEST_HOME is kept."""
-    if not _reused_home:
+# `integration` means what pyproject.toml says: the test uses the real built-in model. A test
+# that takes the converted model's folder is marked here, so the marker cannot drift from the
+# code; a test that reaches the model another way (a subprocess on a fresh home) marks itself.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "builtin_model_folder" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Delete the run's temporary folder (it holds a ~550 MB converted model) once, in the
+    process that made it; a reused TINKER_LOCAL_TEST_HOME is kept."""
+    if not _reused_home and not hasattr(config, "workerinput"):
         shutil.rmtree(_base_path, ignore_errors=True)
 
 
-# Shared model fixtures. Imports stay inside them: the environment above must be set before
-# anything imports huggingface_hub or transformers.
+# Shared model fixtures. Imports stay inside them (see above).
 
 
 @pytest.fixture(scope="session")
@@ -64,53 +107,78 @@ def tiny_base(tiny_model_folder):
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_folder() -> Path:
+    """SmolLM2's tokenizer files (the tiny model has the same), read from its GGUF without
+    converting its weights (engine/models/builtin.tokenizer_folder)."""
+    from tinker_local import config
+    from tinker_local.engine.models.builtin import tokenizer_folder
+
+    return tokenizer_folder(config.DEFAULT_BASE_MODEL)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_tokenizer_folder: Path):
+    """SmolLM2's tokenizer with its real chat template (the tiny model's too), loaded once."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_tokenizer_folder)
+
+
+@pytest.fixture(scope="session")
 def builtin_model_folder() -> Path:
-    """The converted SmolLM2 folder (converted once per test home; ~20-45 s the first time)."""
+    """The converted SmolLM2 folder (converted once per test run; ~20-45 s the first time)."""
     from tinker_local import config
     from tinker_local.engine.models.registry import resolve_model
 
     return resolve_model(config.DEFAULT_BASE_MODEL)
 
 
-# SDK sessions whose server has stopped. The SDK keeps heartbeating a session until its client is
-# garbage-collected, and a client held by a traceback or a cycle lives to the end of the run,
-# printing "Session heartbeat failed ... Tinker is down" every few seconds into later tests.
-
-_sdk_holders: weakref.WeakSet = weakref.WeakSet()
+# A real `tinker-local serve`.
 
 
-def _record_sdk_holders() -> None:
-    from tinker.lib.internal_client_holder import InternalClientHolder
-
-    if getattr(InternalClientHolder.__init__, "_records_holders", False):
-        return
-    original_init = InternalClientHolder.__init__
-
-    def recording_init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        _sdk_holders.add(self)
-
-    recording_init._records_holders = True
-    InternalClientHolder.__init__ = recording_init
-
-
-def _server_is_gone(base_url: str) -> bool:
-    url = urllib.parse.urlsplit(base_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One `tinker-local serve` for the whole session (per xdist worker), on a home of its own
+    that shares the run's models. Tests on it keep apart by their own training runs (or API
+    keys: it accepts any key from loopback); a test that needs a server of its own (flags,
+    environment, a restart) uses `start_serve`."""
+    folder = tmp_path_factory.mktemp("served")
+    home = home_sharing_models(folder / "home", _shared_models)
+    server = ServeProcess("--log-level", "WARNING", log=folder / "serve.log", home=home)
     try:
-        with socket.create_connection((url.hostname or "127.0.0.1", port), timeout=0.5):
-            return False
-    except OSError:
-        return True
+        yield server.start()
+    finally:
+        server.stop()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sdk_sessions_end_with_their_server():
-    """After each test module (autouse, so after its own server fixtures have stopped), close
-    the SDK sessions whose server no longer answers; sessions of a live server are left alone."""
-    _record_sdk_holders()
-    yield
-    for holder in list(_sdk_holders):
-        if _server_is_gone(holder._base_url):
-            holder.close()
-            _sdk_holders.discard(holder)
+@pytest.fixture
+def start_serve(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
+    """`start_serve(*args, env=None, home=None)`: a fresh `tinker-local serve --port 0 ARGS`,
+    stopped (Ctrl-C, then SIGKILL) when the test ends. Its home is this worker's test home
+    unless `home` is given."""
+    started: list[ServeProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, home: Path | None = None,
+              timeout_s: float = 300) -> ServeProcess:
+        log = tmp_path / f"serve-{len(started)}.log"
+        server = ServeProcess(*args, log=log, env=env, home=home)
+        started.append(server)
+        return server.start(timeout_s)
+
+    yield start
+    for server in reversed(started):
+        server.stop()
+
+
+# `tinker-local ARGS...` in this process.
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliRun]:
+    """`cli("rl", "--task", ...)`: run `tinker-local` in this process (no interpreter start,
+    and the process's embedded server is shared); its exit code and what it printed."""
+
+    def run(*argv: str) -> CliRun:
+        return run_in_process(list(argv), capsys)
+
+    return run

@@ -11,6 +11,13 @@ subprocesses (cookbook recipes, CLI commands) are not seen, so they never count.
 `tests/test_sdk_coverage.py` asserts on the record, last in the run, and only when the run
 collected every test file with no -k/-m/--deselect filter (a partial run cannot prove
 anything about the whole suite; that test then falls back to a static check).
+
+Under pytest-xdist (`make test` runs `-n 2`) each worker records only the tests it ran, and the
+coverage test runs on one worker while the other may still be running. So each worker hands
+its record to the controller (xdist's `workeroutput`, at the worker's session end), the
+controller merges them (`pytest_testnodedown`), and the controller makes the same check on the
+merged record at its own session end: a method that no worker called fails the run there,
+with the same message.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ CALLED: dict[str, str] = {}
 # Whether this run collected the whole suite (set at collection).
 FULL_RUN: list[bool] = [False]
 _current: list[str] = ["(outside a test)"]
+# The xdist controller's merge of its workers' records: whether each worker ran a full run.
+_WORKERS_FULL: list[bool] = []
+_OUTPUT_KEY = "tinker_local_sdk_calls"
 
 
 def clients() -> dict[str, type]:
@@ -97,6 +107,56 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         or config.getoption("deselect", None)
     )
     FULL_RUN[0] = not filtered and every_file <= collected
+
+
+def uncovered(called: dict[str, str], listed: set[str]) -> list[str]:
+    """The public methods neither called (per `called`) nor listed in docs/sdk_coverage.md."""
+    return [m for m in public_methods() if m not in called and m not in listed]
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if _is_xdist_worker(config):
+        config.workeroutput[_OUTPUT_KEY] = {"called": CALLED, "full_run": FULL_RUN[0]}  # type: ignore[attr-defined]
+        return
+    if not _WORKERS_FULL:  # not the controller of an xdist run: the test itself checked
+        return
+    if not all(_WORKERS_FULL) or exitstatus != 0:
+        return  # a partial or failing run proves nothing about the whole suite
+    from test_sdk_coverage import documented
+
+    missing = uncovered(CALLED, set(documented()))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if missing:
+        message = (
+            f"{len(missing)} public SDK methods were neither called by any test of this run nor "
+            f"listed in docs/sdk_coverage.md: {missing}"
+        )
+        if reporter is not None:
+            reporter.write_sep("=", "SDK coverage (merged from the xdist workers)", red=True)
+            reporter.write_line(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif reporter is not None:
+        reporter.write_line(
+            f"SDK coverage: every public method of the four clients was called by a test of this "
+            f"run or is listed in docs/sdk_coverage.md (merged from {len(_WORKERS_FULL)} workers)"
+        )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist: one worker finished; merge its record into this (the controller's) one."""
+    output = getattr(node, "workeroutput", {}).get(_OUTPUT_KEY)
+    if output is None:
+        _WORKERS_FULL.append(False)  # a worker that crashed recorded nothing we can see
+        return
+    for method, test in output["called"].items():
+        CALLED.setdefault(method, test)
+    _WORKERS_FULL.append(bool(output["full_run"]))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -77,6 +77,8 @@ LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
 # head, engine/training/value_head.py; also not in hosted Tinker). Here, at the bottom layer,
 # because the server reads it, the engine names it in its errors and rl/ sends it.
 VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
+# "true" puts LoRA on a vision-language model's image encoder too (off: the language model only).
+LORA_VISION_METADATA_KEY = "tinker_local.lora_vision"
 
 
 def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] | None:

@@ -60,7 +60,8 @@ def test_make_run_entry_point_parses_its_flags():
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert all(flag in done.stdout for flag in ("--steps", "--seed", "--learning-rate"))
+    flags = ("--steps", "--seed", "--learning-rate", "--eval-problems")
+    assert all(flag in done.stdout for flag in flags)
 
 
 # --- what a newcomer sees (issue 21) ----------------------------------------------------------
@@ -84,6 +85,8 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
             "tinker-local/tiny-llama",
             "--steps",
             "2",
+            "--eval-problems",  # not 200: the output, not the accuracy, is under test
+            "8",
             "--log-dir",
             str(tmp_path / "run"),
         ],
@@ -115,3 +118,4 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
         r"\(expected [\d.]+-[\d.]+\)",
         out,
     ), out
+    assert re.search(r"step   0:  +[\d.]+%  \[[\d.]+, [\d.]+\]  \(n=8\)", out), out

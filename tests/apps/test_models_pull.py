@@ -148,9 +148,9 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith(REPO)]
     assert "incomplete download" in row
     probe = (
-        "from tinker_local.engine import models\n"
+        "from tinker_local.engine.models import registry\n"
         f"for name in ({REPO!r}, {str(snapshot)!r}):\n"
-        "    try:\n        models.resolve_model(name)\n"
+        "    try:\n        registry.resolve_model(name)\n"
         "    except ValueError as e:\n        print(type(e).__name__, e)\n"
     )
     refused = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -189,42 +189,68 @@ def test_pull_refuses_bad_names_missing_repos_a_full_disk_and_offline_mode(hub, 
     assert "Traceback" not in full.stderr
 
 
-def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_path):
+def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_path, start_serve):
     env = _env(hub, tmp_path, TINKER_LOCAL_HOME=str(tmp_path / "home"))
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0", "--allow-download"],
-        env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert " at " in first, (tmp_path / "serve.log").read_text()[-3000:]
-        add_loopback_to_no_proxy()
-        service = tinker.ServiceClient(
-            base_url=first.split(" at ", 1)[1].strip(), api_key=config.LOCAL_API_KEY
-        )
-        trainer = service.create_lora_training_client(base_model=REPO, rank=4).result()
-        tokens = [1, 520, 9531, 198, 28, 2]
-        datum = tinker.Datum(
-            model_input=tinker.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5},
-        )
-        out = trainer.forward_backward([datum], "cross_entropy").result()
-        assert out.metrics["loss:sum"] > 0
-        sampler = trainer.save_weights_and_get_sampling_client().result()
-        result = sampler.sample(
-            tinker.ModelInput.from_ints(tokens), 1, tinker.SamplingParams(max_tokens=3)
-        ).result()
-        assert len(result.sequences[0].tokens) == 3
-        with pytest.raises(tinker.RequestFailedError, match="no model 'tiny-org/absent' on ") as err:
-            service.create_lora_training_client(base_model="tiny-org/absent", rank=4).result()
-        assert err.value.category == "user"  # a RequestErrorCategory (a StrEnum)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
-    text = (tmp_path / "serve.log").read_text()
+    server = start_serve("--allow-download", env=env)
+    add_loopback_to_no_proxy()
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
+    trainer = service.create_lora_training_client(base_model=REPO, rank=4).result()
+    tokens = [1, 520, 9531, 198, 28, 2]
+    datum = tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 5},
+    )
+    out = trainer.forward_backward([datum], "cross_entropy").result()
+    assert out.metrics["loss:sum"] > 0
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    result = sampler.sample(
+        tinker.ModelInput.from_ints(tokens), 1, tinker.SamplingParams(max_tokens=3)
+    ).result()
+    assert len(result.sequences[0].tokens) == 3
+    with pytest.raises(tinker.RequestFailedError, match="no model 'tiny-org/absent' on ") as err:
+        service.create_lora_training_client(base_model="tiny-org/absent", rank=4).result()
+    assert err.value.category == "user"  # a RequestErrorCategory (a StrEnum)
+    service.close("success").result()  # before its server stops
+    server.stop(signal.SIGTERM)
+    text = server.output()
     assert f"{REPO} is not on this machine; pulling it" in text
     assert f"loading {REPO}: 3.22M parameters, 12.3 MiB in float32; " in text
     assert (_repo_cache(tmp_path) / "refs" / "main").read_text() == COMMIT
+
+
+def test_a_vision_language_checkpoint_is_priced_and_listed_with_both_towers(tmp_path):
+    """A Qwen3.5 checkpoint (`Qwen3_5ForConditionalGeneration`: the hybrid language model and a
+    vision tower) on the hub: the cost line before the download, from config.json alone, and
+    `tinker-local models` after it, from the safetensors headers, both count the vision tower
+    (which transformers' causal-LM class would drop)."""
+    from safetensors import safe_open
+
+    from tinker_local.engine.models import builtin
+    from tinker_local.engine.models.cost import human_count, parameter_count
+
+    folder = builtin.ensure_built(builtin.TINY_QWEN3_5)
+    repo = "Qwen/Qwen3.5-4B"
+    total = parameter_count(folder)
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        vision = sum(_numel(weights.get_slice(k).get_shape())
+                     for k in weights.keys()  # noqa: SIM118 - safe_open is not iterable
+                     if k.startswith("model.visual."))
+    assert vision > 0 and human_count(total) != human_count(total - vision)
+    with FakeHub() as fake:
+        fake.repos[repo] = {p.name: p.read_bytes() for p in folder.iterdir()
+                            if p.is_file() and p.name != builtin.MARKER_FILE}
+        env = _env(fake, tmp_path)
+        done = _cli(env, "models", "pull", repo, "--dtype", "float32", "--device", "cpu")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.splitlines()[0].startswith(f"{repo}: {human_count(total)} parameters")
+        listed = _cli(env, "models")
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(repo)]
+    assert row.split()[1:3] == [human_count(total), "float32"]
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

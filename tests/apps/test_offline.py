@@ -84,7 +84,6 @@ def test_a_reachable_hub_or_a_users_choice_is_left_alone(monkeypatch) -> None:
     assert os.environ["HF_HUB_OFFLINE"] == "0"
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("how", ["run", "embedded"])
 def test_an_unreachable_hub_means_offline_not_minutes_of_retries(tmp_path: Path, how: str) -> None:
     script = tmp_path / "script.py"

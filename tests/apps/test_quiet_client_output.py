@@ -99,34 +99,25 @@ def test_embedded_server_exits_quietly_with_a_request_in_flight(tmp_path: Path, 
         assert done.stderr.strip() == "", done.stderr
 
 
-def test_serve_stops_quietly_on_ctrl_c_with_a_poll_held() -> None:
+def test_serve_stops_quietly_on_ctrl_c_with_a_poll_held(start_serve) -> None:
     import signal
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        base_url = first.split(" at ", 1)[1].strip()
-        add_loopback_to_no_proxy()
-        service = tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY)
-        sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
-        params = tinker.SamplingParams(max_tokens=6000, temperature=1.0)
-        pending = sampler.sample(tinker.ModelInput.from_ints([1, 2, 3]), 16, params)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not pending.future().done():
-            time.sleep(0.1)
-        assert not pending.future().done()  # its poll is held by the server right now
-        proc.send_signal(signal.SIGINT)
-        rest = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, rest
+    server = start_serve()
+    add_loopback_to_no_proxy()
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
+    sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
+    params = tinker.SamplingParams(max_tokens=6000, temperature=1.0)
+    pending = sampler.sample(tinker.ModelInput.from_ints([1, 2, 3]), 16, params)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not pending.future().done():
+        time.sleep(0.1)
+    assert not pending.future().done()  # its poll is held by the server right now
+    returncode = server.stop(signal.SIGINT)
+    rest = server.output().split("Web console:", 1)[1]  # all it printed after its banner
+    assert returncode == 0, rest
     assert "Cancel" not in rest and "Traceback" not in rest and "ERROR" not in rest, rest
     assert rest.rstrip().endswith("tinker-local server stopped"), rest
+    # The client outlived its server; end its session on a new one (same home and port), so it
+    # does not heartbeat at a closed port for the rest of the run.
+    start_serve("--port", server.port)
+    service.close("interrupted").result()

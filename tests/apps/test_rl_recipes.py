@@ -1,17 +1,16 @@
-"""`tinker-local rl` end to end on the tiny model: a task mixture with per-task curves and
-evaluation rows, the two-stage preset at a small size with the per-step debug dump, and bad task
-data refused before any server starts."""
+"""`tinker-local rl` end to end on the tiny model, run in this process (the `cli` fixture, on
+this process's embedded server): a task mixture with per-task curves and evaluation rows, the
+two-stage preset at a small size with the per-step debug dump, and bad task data refused before
+any server starts."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from tinker_local import config
 from tinker_local.tasks.mixture import TaskMixture
@@ -19,18 +18,17 @@ from tinker_local.tasks.mixture import TaskMixture
 TINY = config.TINY_TEST_MODEL
 
 
-def _rl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tinker_local.cli", "rl", "--base-model", TINY, *args]
-    return subprocess.run(
-        cmd, env=os.environ.copy(), timeout=timeout, capture_output=True, text=True, check=False
-    )
+@pytest.fixture
+def _rl(cli):
+    """`tinker-local rl --base-model TINY ARGS...` in this process."""
+    return lambda *args: cli("rl", "--base-model", TINY, *args)
 
 
 def _rows(log_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_mixture_run_logs_per_task_curves_and_evaluation(tmp_path):
+def test_mixture_run_logs_per_task_curves_and_evaluation(tmp_path, _rl):
     log_dir = tmp_path / "mix"
     spec = "sat:0.4,abduction:0.3,deduction:0.3"
     done = _rl(
@@ -83,7 +81,7 @@ class _Stub:
         return 6
 
 
-def test_two_stage_preset_small_with_debug_dump(tmp_path):
+def test_two_stage_preset_small_with_debug_dump(tmp_path, _rl):
     log_dir = tmp_path / "preset"
     done = _rl(
         "--task", "arithmetic", "--preset", "two-stage", "--lora-rank", "4", "--ppo-epochs", "2",
@@ -139,7 +137,7 @@ def test_two_stage_preset_small_with_debug_dump(tmp_path):
     assert first.position.tolist() == list(range(len(first)))
 
 
-def test_bad_task_data_is_refused_before_the_server_starts(tmp_path):
+def test_bad_task_data_is_refused_before_the_server_starts(tmp_path, cli):
     cases = [
         (["--task", "gsm8k", "--task-option", f"path={tmp_path / 'missing'}"], "does not exist"),
         (["--task", "sat", "--task-option", "n=2"], "fewer than one batch"),
@@ -150,7 +148,7 @@ def test_bad_task_data_is_refused_before_the_server_starts(tmp_path):
         (["--task", "sat:0.5,arithmetic:0.5", "--task-option", "n=3"], "must name its task"),
     ]
     for args, expect in cases:
-        done = _rl(*args, "--log-dir", str(tmp_path / "x"), timeout=120)
+        done = cli("rl", "--base-model", TINY, *args, "--log-dir", str(tmp_path / "x"))
         assert done.returncode == 2, (args, done.stderr[-2000:])
         assert done.stderr.startswith("tinker-local rl: ") and expect in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and "embedded server" not in done.stderr

@@ -1,4 +1,6 @@
-"""`tinker-local run -- CMD` and `tinker-local serve`, as real subprocesses."""
+"""`tinker-local run -- CMD` and `tinker-local serve`: what they print and how they exit as real
+subprocesses (the banner, Ctrl-C, the child's exit code); their refusals of bad arguments run in
+this process (the `cli` fixture)."""
 
 from __future__ import annotations
 
@@ -52,8 +54,8 @@ def test_child_environment_points_the_sdk_at_the_server() -> None:
     assert "127.0.0.1" in env["no_proxy"] and env["PATH"] == "/bin"
 
 
-def test_run_needs_a_command() -> None:
-    done = subprocess.run([*CLI, "run"], check=False, capture_output=True, text=True, timeout=60)
+def test_run_needs_a_command(cli) -> None:
+    done = cli("run")
     assert done.returncode == 2 and "tinker-local run -- python train.py" in done.stderr
 
 
@@ -71,113 +73,65 @@ def test_run_executes_an_unmodified_script(tmp_path: Path) -> None:
     assert done.returncode == 3  # the child's exit code
 
 
-def test_serve_prints_how_to_connect_and_serves() -> None:
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "tinker-local serving at http://127.0.0.1:" in first, first
-        base_url = first.split(" at ", 1)[1].strip()
-        assert f"TINKER_BASE_URL={base_url}" in "".join(proc.stdout.readline() for _ in range(3))
-        assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
-        console = [proc.stdout.readline() for _ in range(4)][-1]
-        assert f"Web console: {base_url}/ (from this machine)" in console, console
-        assert 'id="live"' in httpx.get(f"{base_url}/", timeout=10).text
-        with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
-            sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
-            assert sampler.get_base_model() == config.TINY_TEST_MODEL
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_serve_prints_how_to_connect_and_serves(start_serve) -> None:
+    server = start_serve()
+    base_url = server.base_url
+    lines = server.output().splitlines()
+    assert lines[0] == f"tinker-local serving at {base_url}", lines
+    assert f"TINKER_BASE_URL={base_url}" in "".join(lines[1:4])
+    assert httpx.get(f"{base_url}/api/v1/healthz", timeout=10).json() == {"status": "ok"}
+    console = lines[7]
+    assert f"Web console: {base_url}/ (from this machine)" in console, console
+    assert 'id="live"' in httpx.get(f"{base_url}/", timeout=10).text
+    with tinker.ServiceClient(base_url=base_url, api_key=config.LOCAL_API_KEY) as service:
+        sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
+        assert sampler.get_base_model() == config.TINY_TEST_MODEL
+    assert server.stop(signal.SIGINT) == 0
 
 
-def test_serve_refuses_a_busy_port() -> None:
+def test_serve_refuses_a_busy_port(cli, tmp_path, monkeypatch) -> None:
     import socket
 
+    monkeypatch.setenv("TINKER_LOCAL_HOME", str(tmp_path / "home"))  # its own server lock
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [*CLI, "serve", "--port", str(port)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = cli("serve", "--port", str(port))
     assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
 
 
-def test_an_engine_that_cannot_start_is_a_clear_error() -> None:
-    serve = subprocess.run(
-        [*CLI, "serve", "--port", "0", "--device", "nonsense"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_an_engine_that_cannot_start_is_a_clear_error(cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TINKER_LOCAL_HOME", str(tmp_path / "home"))  # its own server lock
+    serve = cli("serve", "--port", "0", "--device", "nonsense")
     assert serve.returncode == 1 and "cannot start the engine" in serve.stderr
     assert "nonsense" in serve.stderr and "serving at" not in serve.stdout
-    run = subprocess.run(
-        [*CLI, "run", "--device", "nonsense", "--", sys.executable, "-c", "print('ran')"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = cli("run", "--device", "nonsense", "--", sys.executable, "-c", "print('ran')")
     assert run.returncode == 1 and "cannot start the server" in run.stderr
     assert "ran" not in run.stdout
 
 
-def test_serve_with_api_keys(tmp_path: Path) -> None:
+def test_serve_with_api_keys(tmp_path: Path, start_serve) -> None:
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("# one per line\ntml-from-the-file-1234\n")
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0", "--api-key", "tml-on-the-line-5678"]
-        + ["--api-keys-file", str(keys_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        base_url = first.split(" at ", 1)[1].strip()
-        assert "Accepting 2 API key(s)" in proc.stdout.readline()
-        refused = httpx.post(f"{base_url}/api/v1/create_session", json={}, timeout=10)
-        assert refused.status_code == 401 and "X-API-Key" in refused.json()["error"]
-        for key in ("tml-on-the-line-5678", "tml-from-the-file-1234"):
-            answer = httpx.post(
-                f"{base_url}/api/v1/client/config", json={}, headers={"X-API-Key": key}, timeout=10
-            )
-            assert answer.status_code == 200
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    server = start_serve("--api-key", "tml-on-the-line-5678", "--api-keys-file", str(keys_file))
+    base_url = server.base_url
+    assert "Accepting 2 API key(s)" in server.output().splitlines()[1]
+    refused = httpx.post(f"{base_url}/api/v1/create_session", json={}, timeout=10)
+    assert refused.status_code == 401 and "X-API-Key" in refused.json()["error"]
+    for key in ("tml-on-the-line-5678", "tml-from-the-file-1234"):
+        answer = httpx.post(
+            f"{base_url}/api/v1/client/config", json={}, headers={"X-API-Key": key}, timeout=10
+        )
+        assert answer.status_code == 200
+    assert server.stop(signal.SIGINT) == 0
 
 
-def test_serve_refuses_bad_keys_and_limits(tmp_path: Path) -> None:
+def test_serve_refuses_bad_keys_and_limits(tmp_path: Path, cli) -> None:
     for extra, message in (
         (["--api-key", "sk-not-tinker"], "must start with 'tml-'"),
         (["--api-keys-file", str(tmp_path / "missing")], "cannot read --api-keys-file"),
         (["--max-queued", "0"], "limits must be positive: max_queued_jobs"),
     ):
-        done = subprocess.run(
-            [*CLI, "serve", "--port", "0", *extra],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = cli("serve", "--port", "0", *extra)
         assert done.returncode == 2 and message in done.stderr, done.stderr

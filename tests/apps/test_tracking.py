@@ -5,9 +5,7 @@ the same W&B run id; a missing tracker package stops a command before any work."
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,22 +23,14 @@ from tracking_files import offline_runs, tensorboard_scalars, tensorboard_texts
 TINY = config.TINY_TEST_MODEL
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = os.environ.copy()
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DISABLE_GIT="true", **extra)
-    env.pop("WANDB_API_KEY", None)
-    return env
-
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tinker_local.cli", *args],
-        env=env or _env(),
-        timeout=600,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+@pytest.fixture
+def _cli(cli, monkeypatch):
+    """`tinker-local ARGS...` in this process, with W&B offline."""
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"),
+                        ("WANDB_DISABLE_GIT", "true")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    return cli
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def _steps(run, key: str) -> list[int]:
 
 
 def test_sft_logs_to_wandb_offline_and_tensorboard_and_a_resume_continues_the_run(
-    echo_data, tmp_path
+    echo_data, tmp_path, _cli
 ):
     log_dir = tmp_path / "sft-run"
     cmd = [
@@ -103,7 +93,7 @@ def test_sft_logs_to_wandb_offline_and_tensorboard_and_a_resume_continues_the_ru
     assert scalars["train_loss"] == pytest.approx(logged, rel=1e-6)
 
 
-def test_rl_logs_to_wandb_offline_and_tensorboard_and_a_resume_continues_the_run(tmp_path):
+def test_rl_logs_to_wandb_offline_and_tensorboard_and_a_resume_continues_the_run(tmp_path, _cli):
     log_dir = tmp_path / "rl-run"
     cmd = [
         "rl", "--task", "arithmetic", "--task-option", "n_test=4", "--base-model", TINY,
@@ -131,7 +121,7 @@ def test_rl_logs_to_wandb_offline_and_tensorboard_and_a_resume_continues_the_run
     assert sorted(scalars["eval/reward"]) == [0, 2, 4]
 
 
-def test_eval_logs_its_results(tmp_path):
+def test_eval_logs_its_results(tmp_path, _cli):
     out = tmp_path / "eval"
     done = _cli(
         "eval", "--model", f"base={TINY}", "--tasks", "arithmetic", "-n", "3",
@@ -152,7 +142,7 @@ def test_eval_logs_its_results(tmp_path):
     assert scalars["base/arithmetic/success_rate"] == {0: pytest.approx(stats["success_rate"])}
 
 
-def test_pipeline_stages_are_runs_of_one_group(tmp_path):
+def test_pipeline_stages_are_runs_of_one_group(tmp_path, _cli):
     root = tmp_path / "pipe"
     path = tmp_path / "pipeline.json"
     path.write_text(
@@ -181,23 +171,22 @@ def test_pipeline_stages_are_runs_of_one_group(tmp_path):
     assert "train_loss" in tensorboard_scalars(root / "sft" / "tensorboard")
 
 
-def test_a_missing_tracker_package_stops_the_command_before_any_work(tmp_path, echo_data):
-    blocker = tmp_path / "blocked"
-    for name in ("wandb", "tensorboardX"):
-        (blocker / name).mkdir(parents=True)
-        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} blocked')\n")
-    env = _env(PYTHONPATH=os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]))
+def test_a_missing_tracker_package_stops_the_command_before_any_work(
+    tmp_path, echo_data, cli, monkeypatch
+):
+    for name in ("wandb", "tensorboardX"):  # `import NAME` now raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
     log_dir = tmp_path / "never"
-    done = _cli(
+    done = cli(
         "sft", str(echo_data), "--log-dir", str(log_dir), "--base-model", TINY,
-        "--wandb-project", "p", env=env,
+        "--wandb-project", "p",
     )  # fmt: skip
     assert done.returncode == 2
     assert "wandb is not installed" in done.stderr and '.[wandb]' in done.stderr
     assert not log_dir.exists()
-    done = _cli("rl", "--task", "arithmetic", "--log-dir", str(log_dir), "--tensorboard", env=env)
+    done = cli("rl", "--task", "arithmetic", "--log-dir", str(log_dir), "--tensorboard")
     assert done.returncode == 2 and "tensorboardX is not installed" in done.stderr
     assert not log_dir.exists()
-    done = _cli("eval", "--model", TINY, "--tasks", "arithmetic", "--out", str(log_dir),
-                "--wandb-project", "p", env=env)  # fmt: skip
+    done = cli("eval", "--model", TINY, "--tasks", "arithmetic", "--out", str(log_dir),
+               "--wandb-project", "p")  # fmt: skip
     assert done.returncode == 2 and "wandb is not installed" in done.stderr

@@ -12,11 +12,10 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
-import time
-import urllib.request
-from dataclasses import dataclass
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,10 @@ import pytest
 # import on the paths run here). Another release needs that check redone.
 COOKBOOK_VERSION = "0.6.1"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The tiny random Llama has SmolLM2's tokenizer and chat template (engine/models/builtin.py), so
+# every recipe that needs no answer from the model runs on it, with the same renderer; only the
+# tests whose checks need a model that can chat or add run on the built-in SmolLM2.
+TINY_MODEL = "tinker-local/tiny-llama"
 # SmolLM2's chat template is ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n`. The cookbook's
 # `qwen3_instruct` renderer writes exactly that, with no think block (see test_renderer.py).
 RENDERER = "qwen3_instruct"
@@ -117,11 +120,12 @@ _TINKER_PATH = re.compile(
 )
 
 
-def checkpoint_folder(tinker_path: str) -> Path:
-    """Where tinker-local keeps `tinker://{run}/{kind}/{name}` (docs/internals.md, Server)."""
+def checkpoint_folder(tinker_path: str, home: Path | None = None) -> Path:
+    """Where a tinker-local serving `home` (the test home by default) keeps
+    `tinker://{run}/{kind}/{name}` (docs/internals.md, Server)."""
     match = _TINKER_PATH.match(tinker_path)
     assert match, f"not a tinker:// checkpoint path: {tinker_path!r}"
-    home = Path(os.environ["TINKER_LOCAL_HOME"])
+    home = home if home is not None else Path(os.environ["TINKER_LOCAL_HOME"])
     return home / "checkpoints" / match["run"] / match["kind"] / match["name"]
 
 
@@ -129,32 +133,6 @@ def run_id_of(tinker_path: str) -> str:
     match = _TINKER_PATH.match(tinker_path)
     assert match, f"not a tinker:// checkpoint path: {tinker_path!r}"
     return match["run"]
-
-
-@dataclass
-class Served:
-    base_url: str
-    log: Path
-
-
-def wait_until_serving(proc: subprocess.Popen, log: Path, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    base_url = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"tinker-local serve exited {proc.returncode}:\n{tail(log)}")
-        if base_url is None:
-            found = re.search(r"tinker-local serving at (http://\S+)", log.read_text())
-            base_url = found.group(1) if found else None
-        if base_url is not None:
-            try:
-                with urllib.request.urlopen(f"{base_url}/api/v1/healthz", timeout=5) as resp:
-                    if resp.status == 200:
-                        return base_url
-            except OSError:
-                pass
-        time.sleep(0.2)
-    pytest.fail(f"tinker-local serve did not answer within {timeout_s} s:\n{tail(log)}")
 
 
 # -- what a recipe downloads, in place the way a user's earlier (online) run leaves it ----------
@@ -213,3 +191,34 @@ shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "gsm8k")
         [sys.executable, "-c", script, json.dumps(rows), str(work)], check=True, env=env,
         capture_output=True,
     )
+
+
+def prefill_dataset_cache(
+    repo_id: str, splits: dict[str, list[dict]], config_name: str = "default"
+) -> Path:
+    """Write `splits` where `datasets.load_dataset(repo_id, config_name)` looks when offline:
+    the prepared Arrow files and dataset_info.json of that config, under `<namespace>___<name>` in
+    HF_DATASETS_CACHE (which follows HF_HOME, set for the whole test run by tests/conftest.py)."""
+    import datasets
+    from datasets.naming import camelcase_to_snakecase
+    from datasets.packaged_modules.json.json import Json
+
+    namespace, name = repo_id.split("/")
+    work = Path(tempfile.mkdtemp(prefix="prefill-"))
+    files = {}
+    for split, rows in splits.items():
+        path = work / f"{split}.jsonl"
+        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+        files[split] = str(path)
+    builder = Json(cache_dir=str(work / "cache"), dataset_name=name, config_name=config_name,
+                   data_files=files)
+    builder.download_and_prepare()
+    cached_name = f"{namespace}___{camelcase_to_snakecase(name)}"  # as `datasets` names it
+    dest = Path(datasets.config.HF_DATASETS_CACHE) / cached_name / config_name / "0.0.0"
+    dest = dest / "prefilled"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(builder.cache_dir, dest)
+    shutil.rmtree(work, ignore_errors=True)
+    return dest

@@ -12,10 +12,9 @@ import subprocess
 import sys
 from importlib import metadata
 
-import pytest
 from cookbook_support import COOKBOOK_VERSION, MODEL, RENDERER, cookbook_env, requires_cookbook
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 # Everything the two recipes run here import at start-up, plus the renderer and tokenizer they
 # build (the arithmetic dataset and the chat SFT dataset build theirs the same way).
@@ -61,10 +60,10 @@ def test_requirements_other_than_tml_renderers_are_met():
     assert any(u.startswith("tml-renderers") for u in unmet), unmet
 
 
-def test_recipes_never_import_tml_renderers(builtin_model_folder):
+def test_recipes_never_import_tml_renderers(smollm2_tokenizer_folder):
     from tinker_local.engine.models.registry import ensure_tokenizer_resolvable
 
-    ensure_tokenizer_resolvable(MODEL, builtin_model_folder)
+    ensure_tokenizer_resolvable(MODEL, smollm2_tokenizer_folder)
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_PROBE],
         check=False,

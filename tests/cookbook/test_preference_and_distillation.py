@@ -1,5 +1,6 @@
 """tinker-cookbook's DPO recipe and its on-policy distillation recipe, unmodified, for a few steps
-on the built-in model against a `tinker-local serve` subprocess, offline.
+on the tiny model (SmolLM2's tokenizer and chat template) against the session's
+`tinker-local serve` subprocess, offline.
 
 Both recipes read a Hugging Face hub dataset (`Anthropic/hh-rlhf`, `zwhe99/DeepMath-103K`).
 Offline, `datasets.load_dataset` answers from its local cache, so the test does what a user on
@@ -9,62 +10,31 @@ The recipes themselves are started exactly as their READMEs show, with small siz
 
 DPO exercises `forward_backward_custom` (the DPO loss) and the reference model's logprobs
 through `compute_logprobs`; on-policy distillation samples from the student and scores the
-samples with the teacher's `compute_logprobs`. The teacher is the built-in model too (the same
+samples with the teacher's `compute_logprobs`. The teacher is the tiny model too (the same
 tokenizer is what the recipe requires); the student trains with the recipe's default loss.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from cookbook_support import (
-    MODEL,
     RENDERER,
-    Served,
+    TINY_MODEL,
     assert_finite,
     cookbook_env,
+    prefill_dataset_cache,
     read_jsonl,
     requires_cookbook,
     run_logged,
 )
+from support.served import ServeProcess
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 STEPS = 2
-
-
-def prefill_dataset_cache(repo_id: str, splits: dict[str, list[dict]]) -> Path:
-    """Write `splits` where `datasets.load_dataset(repo_id)` looks when offline: the prepared
-    Arrow files and dataset_info.json of config "default", under `<namespace>___<name>` in
-    HF_DATASETS_CACHE (which follows HF_HOME, set for the whole test run by tests/conftest.py)."""
-    import datasets
-    from datasets.naming import camelcase_to_snakecase
-    from datasets.packaged_modules.json.json import Json
-
-    namespace, name = repo_id.split("/")
-    work = Path(tempfile.mkdtemp(prefix="prefill-"))
-    files = {}
-    for split, rows in splits.items():
-        path = work / f"{split}.jsonl"
-        path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-        files[split] = str(path)
-    builder = Json(cache_dir=str(work / "cache"), dataset_name=name, config_name="default",
-                   data_files=files)
-    builder.download_and_prepare()
-    cached_name = f"{namespace}___{camelcase_to_snakecase(name)}"  # as `datasets` names it
-    dest = Path(datasets.config.HF_DATASETS_CACHE) / cached_name / "default" / "0.0.0"
-    dest = dest / "prefilled"
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(builder.cache_dir, dest)
-    shutil.rmtree(work, ignore_errors=True)
-    return dest
 
 
 def _hh(human: str, good: str, bad: str) -> dict[str, str]:
@@ -93,12 +63,12 @@ QUESTIONS = [
 ]
 
 
-def test_dpo_recipe_runs_with_finite_metrics(served: Served, tmp_path: Path) -> None:
+def test_dpo_recipe_runs_with_finite_metrics(served: ServeProcess, tmp_path: Path) -> None:
     prefill_dataset_cache("Anthropic/hh-rlhf", {"train": HH_ROWS, "test": HH_ROWS[:2]})
     log_path = tmp_path / "dpo"
     cmd = [
         sys.executable, "-m", "tinker_cookbook.recipes.preference.dpo.train",
-        f"model_name={MODEL}",
+        f"model_name={TINY_MODEL}",
         f"renderer_name={RENDERER}",
         "dataset=hhh",
         "batch_size=4",
@@ -126,13 +96,13 @@ def test_dpo_recipe_runs_with_finite_metrics(served: Served, tmp_path: Path) -> 
     assert abs(rows[0]["margin"]) < 1e-2
 
 
-def test_on_policy_distillation_runs_with_finite_metrics(served: Served, tmp_path: Path) -> None:
+def test_on_policy_distillation_runs_with_finite_metrics(served: ServeProcess, tmp_path: Path) -> None:
     prefill_dataset_cache("zwhe99/DeepMath-103K", {"train": [{"question": q} for q in QUESTIONS]})
     log_path = tmp_path / "distill"
     cmd = [
         sys.executable, "-m", "tinker_cookbook.recipes.distillation.on_policy_distillation",
-        f"model_name={MODEL}",
-        f"teacher_model={MODEL}",
+        f"model_name={TINY_MODEL}",
+        f"teacher_model={TINY_MODEL}",
         f"renderer_name={RENDERER}",
         "dataset=deepmath",
         "group_size=2",

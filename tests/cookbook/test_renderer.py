@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from cookbook_support import MODEL, RENDERER, requires_cookbook
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 CONVERSATION = [
     {"role": "system", "content": "You are a helpful math tutor."},
@@ -21,13 +21,13 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer_and_renderer(builtin_model_folder):
+def tokenizer_and_renderer(smollm2_tokenizer_folder):
     from tinker_cookbook import renderers
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
     from tinker_local.engine.models.registry import ensure_tokenizer_resolvable
 
-    ensure_tokenizer_resolvable(MODEL, builtin_model_folder)
+    ensure_tokenizer_resolvable(MODEL, smollm2_tokenizer_folder)
     tokenizer = get_tokenizer(MODEL)
     return tokenizer, renderers.get_renderer(RENDERER, tokenizer)
 

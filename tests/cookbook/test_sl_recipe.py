@@ -16,7 +16,6 @@ from cookbook_support import (
     API_KEY,
     MODEL,
     RENDERER,
-    Served,
     assert_finite,
     checkpoint_folder,
     conversations_file,
@@ -26,6 +25,7 @@ from cookbook_support import (
     run_id_of,
     run_logged,
 )
+from support.served import ServeProcess
 
 pytestmark = [pytest.mark.integration, requires_cookbook]
 
@@ -36,7 +36,7 @@ EVAL_CONVERSATIONS = 4
 
 @dataclass
 class SLRun:
-    served: Served
+    served: ServeProcess
     log_path: Path
     output: str
     metrics: list[dict]
@@ -44,7 +44,9 @@ class SLRun:
 
 
 @pytest.fixture(scope="module")
-def sl_run(served: Served, tmp_path_factory: pytest.TempPathFactory) -> SLRun:
+def sl_run(
+    served: ServeProcess, tmp_path_factory: pytest.TempPathFactory, builtin_model_folder: Path
+) -> SLRun:
     work = tmp_path_factory.mktemp("chat_sl")
     log_path = work / "run"
     cmd = [
@@ -107,8 +109,8 @@ def test_checkpoints_saved_and_rolling_ones_deleted(sl_run: SLRun):
     assert names == ["000001", "000002", "final"], names
     by_name = {c["name"]: c for c in sl_run.checkpoints}
     for name in ("000002", "final"):
-        state = checkpoint_folder(by_name[name]["state_path"])
-        sampler = checkpoint_folder(by_name[name]["sampler_path"])
+        state = checkpoint_folder(by_name[name]["state_path"], sl_run.served.home)
+        sampler = checkpoint_folder(by_name[name]["sampler_path"], sl_run.served.home)
         for folder in (state, sampler):
             assert (folder / "adapter_config.json").is_file(), folder
             assert (folder / "adapter_model.safetensors").is_file(), folder
@@ -118,7 +120,7 @@ def test_checkpoints_saved_and_rolling_ones_deleted(sl_run: SLRun):
     for name in ("000001",):
         path = by_name[name]["state_path"]
         assert f"Deleted rolling checkpoint {path}" in sl_run.output
-        assert not checkpoint_folder(path).exists(), path
+        assert not checkpoint_folder(path, sl_run.served.home).exists(), path
     assert "Failed to delete rolling checkpoint" not in sl_run.output
 
 

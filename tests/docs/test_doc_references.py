@@ -23,7 +23,9 @@ CITED_PACKAGES = ("tinker", "tinker_cookbook", "transformers", "peft")
 # Names that stand for a file the reader writes, or one that a program writes at run time.
 EXAMPLE_NAMES = {
     "my_tinker_script.py",  # README: "run your own script"
+    "mytasks.py",  # docs/recipes.md, tasks/user_task.py: the reader's own task module
     "script.py",
+    "my_task.py",  # docs/cookbook.md: the reader's own inspect task file
     "main.py",  # sandbox/: the program file a sandbox run writes
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository
 }

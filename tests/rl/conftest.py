@@ -1,11 +1,11 @@
-"""Shared fixtures for the RL tests: the SmolLM2 tokenizer (real chat template), loaded once."""
+"""Shared fixtures for the RL tests."""
 
 from __future__ import annotations
 
 import pytest
-from smollm2_tokenizer import load_smollm2_tokenizer
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    return load_smollm2_tokenizer()
+def tokenizer(smollm2_tokenizer):
+    """SmolLM2's tokenizer (its real chat template), loaded once for the run."""
+    return smollm2_tokenizer

@@ -1,5 +1,5 @@
-"""The RL loop end to end through the official SDK and the real server, on a numpy bandit engine
-(fast): learning, files written, exact resume, async off-policy mode, constant batches."""
+"""The RL loop end to end through the official SDK and the real server, on the suite's numpy fake
+engine (fast): learning, files written, exact resume, async off-policy mode, constant batches."""
 
 from __future__ import annotations
 
@@ -9,22 +9,21 @@ from pathlib import Path
 
 import pytest
 import tinker
-from bandit_engine import BASE, BanditEngine, start_bandit_server
-from smollm2_tokenizer import load_smollm2_tokenizer
+from support.fake_engine import BASE, FakeEngine, fake_server
 
-from tinker_local import config
 from tinker_local.rl import checkpoints
 from tinker_local.rl import train as train_module
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run
 from tinker_local.rl.types import Env, EnvGroupBuilder, RLDataset, StepResult
+from tinker_local.server.core.service import ServerSettings
 
 PROMPT = [1, 10, 11]
 STOP = 63
 
 
 class LowTokenEnv(Env):
-    """Reward: the share of sampled tokens in [32, 48) (the bandit can learn to emit only those;
+    """Reward: the share of sampled tokens in [32, 48) (the fake engine can learn to emit only those;
     greedy decoding of the untrained, uniform policy picks token 0, which is wrong)."""
 
     def __init__(self, constant: bool = False):
@@ -62,13 +61,12 @@ class Data(RLDataset):
 
 
 @pytest.fixture(scope="module")
-def bandit(tmp_path_factory):
-    load_smollm2_tokenizer()  # the SDK's get_tokenizer() loads it from this folder
-    engine = BanditEngine(str(config.home() / "test-tokenizers" / "smollm2"))
-    server = start_bandit_server(engine, tmp_path_factory.mktemp("ckpt"))
-    client = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    yield engine, client
-    server.stop()
+def bandit(tmp_path_factory, smollm2_tokenizer_folder):
+    """The fake engine behind a real server; the SDK's get_tokenizer() loads SmolLM2's."""
+    engine = FakeEngine(str(smollm2_tokenizer_folder))
+    settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"), long_poll_s=2.0)
+    with fake_server(engine, settings) as served, served.client() as client:
+        yield engine, client
 
 
 def cfg(tmp_path, **kw) -> RLConfig:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server.core import tinker_paths

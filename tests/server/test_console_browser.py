@@ -275,7 +275,7 @@ def _non_loopback_address() -> str | None:
 
 
 def test_without_a_key_the_console_is_refused(browser, server, tmp_path) -> None:
-    from server_fake_engine import FakeEngine, fake_engine_factory
+    from support.fake_engine import FakeEngine, fake_engine_factory
 
     from tinker_local.server.core.service import ServerSettings
     from tinker_local.server.http.start import LocalServer

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local.apps.connect import register_log_dir
 from tinker_local.server.console import charts

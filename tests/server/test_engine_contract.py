@@ -1,7 +1,7 @@
 """The engine contract holds: whatever claims to be an engine matches it, and the seam stays put.
 
-- The torch `Engine`, its two sampling backends and the test engines (server_fake_engine.py,
-  tests/rl/bandit_engine.py) have every member of `contract.Engine` / the sampling backend
+- The torch `Engine`, its two sampling backends and the test suite's one fake engine
+  (tests/support/fake_engine.py) have every member of `contract.Engine` / the sampling backend
   protocols, with signatures a caller of the protocol can use (a structural check at run time:
   the project has no static type checker).
 The seam's imports (the server sees only the contract, the contract has no torch, the sampling
@@ -11,14 +11,12 @@ pyproject.toml, checked by `make test` before pytest.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 import types as pytypes
 from pathlib import Path
 from typing import Any
 
-from server_fake_engine import FakeEngine
+from support.fake_engine import FakeEngine
 
 import tinker_local
 from tinker_local.engine import contract
@@ -27,7 +25,6 @@ from tinker_local.engine.sampling import vllm_backend
 from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, EngineSampling
 
 SRC = Path(tinker_local.__file__).parent
-TESTS = Path(__file__).parents[1]
 
 
 # ---- structural conformance ---------------------------------------------------------------------
@@ -72,15 +69,6 @@ def mismatches(protocol: type, obj: object) -> list[str]:
     return problems
 
 
-def _bandit_engine() -> object:
-    name = "contract_check_bandit_engine"
-    spec = importlib.util.spec_from_file_location(name, TESTS / "rl" / "bandit_engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module.BanditEngine("/nonexistent/tokenizer")
-
 
 def _vllm_sampling(tmp_path: Path) -> object:
     return vllm_backend.VllmSampling(
@@ -110,7 +98,6 @@ def test_engines_implement_the_contract(tmp_path: Path) -> None:
     engines = {
         "Engine": Engine(device="cpu", dtype="float32"),
         "FakeEngine": FakeEngine(),
-        "BanditEngine": _bandit_engine(),
     }
     for name, engine in engines.items():
         assert mismatches(contract.Engine, engine) == [], name

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from server_fake_engine import FakeEngine
+from support.fake_engine import FakeEngine
 
 from tinker_local.engine.contract import EngineError, FaultReporting
 from tinker_local.server.core.service import ServerSettings

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import zstandard
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.request_conv import forward_backward_request_to_proto

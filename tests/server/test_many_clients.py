@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +16,18 @@ import httpx
 import pytest
 import tinker
 
-CLI = [sys.executable, "-m", "tinker_local.cli"]
 WORKER = Path(__file__).with_name("many_clients_worker.py")
 SEEDS = (1, 2, 3)
 KEYS = {seed: f"tml-client-{seed}" for seed in SEEDS}
 
 
-@contextmanager
-def _serve() -> Iterator[str]:
+def _serve(start_serve) -> str:
+    """The server, with the clients' keys and joint forward_backward passes on (off by default
+    on the CPU): clients whose calls meet in the queue share a pass and must still get their
+    solo results."""
     keys = [arg for seed in SEEDS for arg in ("--api-key", KEYS[seed])]
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0", *keys],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # Joint forward_backward passes on (off by default on the CPU): clients whose calls
-        # meet in the queue share a pass and must still get their solo results.
-        env={**os.environ, "TINKER_TELEMETRY": "0", "TINKER_LOCAL_JOINT_TRAINING": "on"},
-    )
-    try:
-        assert proc.stdout is not None
-        seen: list[str] = []
-        while not any("serving at" in line for line in seen) and len(seen) < 50:
-            seen.append(proc.stdout.readline())
-        assert "serving at" in seen[-1], "".join(seen)
-        yield seen[-1].split(" at ", 1)[1].strip()
-    finally:
-        proc.kill()
-        proc.wait(30)
+    env = {**os.environ, "TINKER_LOCAL_JOINT_TRAINING": "on"}
+    return start_serve(*keys, env=env).base_url
 
 
 def _start(url: str, seed: int, out: Path, barrier: Path | None = None) -> subprocess.Popen[str]:
@@ -85,37 +67,36 @@ def _same(alone: dict[str, Any], together: dict[str, Any]) -> None:
         assert got == pytest.approx(want, abs=1e-4)
 
 
-@pytest.mark.integration
 def test_clients_in_separate_processes_match_their_solo_runs_and_stay_isolated(
-    tmp_path: Path,
+    tmp_path: Path, start_serve
 ) -> None:
-    with _serve() as url:
-        alone = {}
-        for seed in SEEDS:  # one at a time
-            out = tmp_path / f"alone-{seed}.json"
-            alone[seed] = _finish(_start(url, seed, out), out)
-        # Process start-up (imports) takes seconds and varies; a barrier lines the clients up
-        # after their models exist so that their training, not their imports, overlaps.
-        barrier = tmp_path / "barrier"
-        barrier.mkdir()
-        procs = {
-            seed: _start(url, seed, tmp_path / f"together-{seed}.json", barrier) for seed in SEEDS
-        }
-        _release_when_ready(barrier, procs)
-        together = {
-            seed: _finish(proc, tmp_path / f"together-{seed}.json") for seed, proc in procs.items()
-        }
-        # They really ran at the same time: every client's training overlapped the others'.
-        assert max(r["started"] for r in together.values()) < min(
-            r["trained"] for r in together.values()
-        )
-        for seed in SEEDS:
-            _same(alone[seed], together[seed])
-        # Different seeds really trained different models (the comparison above means something).
-        assert alone[1]["losses"] != alone[2]["losses"]
-        assert alone[1]["sample_tokens"] != alone[2]["sample_tokens"]
+    url = _serve(start_serve)
+    alone = {}
+    for seed in SEEDS:  # one at a time
+        out = tmp_path / f"alone-{seed}.json"
+        alone[seed] = _finish(_start(url, seed, out), out)
+    # Process start-up (imports) takes seconds and varies; a barrier lines the clients up
+    # after their models exist so that their training, not their imports, overlaps.
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = {
+        seed: _start(url, seed, tmp_path / f"together-{seed}.json", barrier) for seed in SEEDS
+    }
+    _release_when_ready(barrier, procs)
+    together = {
+        seed: _finish(proc, tmp_path / f"together-{seed}.json") for seed, proc in procs.items()
+    }
+    # They really ran at the same time: every client's training overlapped the others'.
+    assert max(r["started"] for r in together.values()) < min(
+        r["trained"] for r in together.values()
+    )
+    for seed in SEEDS:
+        _same(alone[seed], together[seed])
+    # Different seeds really trained different models (the comparison above means something).
+    assert alone[1]["losses"] != alone[2]["losses"]
+    assert alone[1]["sample_tokens"] != alone[2]["sample_tokens"]
 
-        _check_isolation(url, together)
+    _check_isolation(url, together)
 
 
 def _check_isolation(url: str, results: dict[int, dict[str, Any]]) -> None:
@@ -128,8 +109,10 @@ def _check_isolation(url: str, results: dict[int, dict[str, Any]]) -> None:
         rest.list_checkpoints(theirs["model_id"]).result()
     with pytest.raises(tinker.NotFoundError):
         rest.get_sampler(theirs["sampler_id"]).result()
-    service = tinker.ServiceClient(base_url=url, api_key=KEYS[1])
-    with pytest.raises(tinker.NotFoundError):
+    with (
+        tinker.ServiceClient(base_url=url, api_key=KEYS[1]) as service,
+        pytest.raises(tinker.NotFoundError),
+    ):
         service.create_training_client_from_state(theirs["checkpoint"]).result()
     # Raw calls naming another key's model or sampler get "not found" too.
     with httpx.Client(base_url=url, timeout=30, headers={"X-API-Key": KEYS[1]}) as http:

@@ -19,7 +19,7 @@ import pyrage
 import pytest
 import tinker
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server.core import checkpoint_flags
@@ -71,11 +71,11 @@ def _status(url: str) -> int:
 
 @pytest.fixture(scope="module")
 def alice(server: FakeServer) -> Iterator[tinker.ServiceClient]:
-    client = tinker.ServiceClient(
+    with tinker.ServiceClient(
         {"team": "red"}, "proj-a", display_name="nightly sweep", base_url=server.base_url,
         api_key=KEY_A,
-    )
-    yield client
+    ) as client:  # its session ends before the server stops
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local import config

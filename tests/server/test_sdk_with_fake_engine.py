@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import tinker
-from server_fake_engine import VOCAB, FakeServer
+from support.fake_engine import VOCAB, FakeServer
 from tinker import types
 
 UNIFORM_LOGPROB = -float(np.log(VOCAB))
@@ -31,8 +31,8 @@ def _datum(tokens: list[int], targets: list[int] | None = None, **extra: object)
 
 @pytest.fixture(scope="module")
 def service(fake_server: FakeServer) -> Iterator[tinker.ServiceClient]:
-    client = fake_server.client()
-    yield client
+    with fake_server.client() as client:  # its session ends before the server stops
+        yield client
 
 
 @pytest.fixture()
@@ -373,7 +373,7 @@ def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
 
 
 def test_silent_sessions_expire() -> None:
-    from server_fake_engine import FakeEngine, fake_engine_factory
+    from support.fake_engine import FakeEngine, fake_engine_factory
 
     from tinker_local.server.core import sessions
     from tinker_local.server.core.service import Service

@@ -4,8 +4,6 @@ models and samplers unloaded; their checkpoints stay and can be resumed from."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local import config
 from tinker_local.apps.serve import serve_parser, serve_settings
@@ -22,7 +20,6 @@ from tinker_local.server.core.service import ServerSettings
 from tinker_local.server.http.start import LocalServer
 
 TIMEOUT_S = 1.0
-CLI = [sys.executable, "-m", "tinker_local.cli"]
 
 
 @pytest.fixture
@@ -133,32 +130,17 @@ def test_serve_session_timeout_flag_reaches_the_settings() -> None:
             serve_settings(serve_parser().parse_args(["--session-timeout", bad]), [])
 
 
-def test_serve_with_a_short_session_timeout_unloads_a_silent_model() -> None:
+def test_serve_with_a_short_session_timeout_unloads_a_silent_model(start_serve) -> None:
     """The flag, end to end: a real `tinker-local serve` and the tiny model."""
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--port", "0", "--session-timeout", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        seen: list[str] = []
-        while not any("serving at" in line for line in seen) and len(seen) < 50:
-            seen.append(proc.stdout.readline())
-        first = seen[-1]
-        assert "serving at" in first, "".join(seen)
-        # The warning that SDK clients beat only every 10 s comes before the banner.
-        assert any("heartbeat every 10s" in line for line in seen), seen
-        url = first.split(" at ", 1)[1].strip()
-        with httpx.Client(base_url=url, timeout=60) as http:
-            _session, model_id = _session_with_model(http, config.TINY_TEST_MODEL)
-            time.sleep(3.0)
-            gone = http.post(
-                "/api/v1/optim_step",
-                json={"model_id": model_id, "seq_id": 1, "adam_params": {}},
-            )
-        assert gone.status_code == 410 and "no heartbeat for 1s" in json.loads(gone.text)["error"]
-    finally:
-        proc.kill()
-        proc.wait(30)
+    server = start_serve("--session-timeout", "1")
+    output = server.output()
+    # The warning that SDK clients beat only every 10 s comes before the banner.
+    assert "heartbeat every 10s" in output.split("serving at", 1)[0], output
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        _session, model_id = _session_with_model(http, config.TINY_TEST_MODEL)
+        time.sleep(3.0)
+        gone = http.post(
+            "/api/v1/optim_step",
+            json={"model_id": model_id, "seq_id": 1, "adam_params": {}},
+        )
+    assert gone.status_code == 410 and "no heartbeat for 1s" in json.loads(gone.text)["error"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import tinker
-from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
+from support.fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local.server.core.service import ServerSettings

@@ -68,8 +68,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def service(served: Served) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=served.base_url, api_key=config.LOCAL_API_KEY)
+def service(served: Served) -> Iterator[tinker.ServiceClient]:
+    # Closed (its session ended) before the module's server stops.
+    with tinker.ServiceClient(base_url=served.base_url, api_key=config.LOCAL_API_KEY) as client:
+        yield client
 
 
 def _rollouts(
@@ -125,7 +127,6 @@ def _expected(
     return total
 
 
-@pytest.mark.integration
 def test_stable_reinforce_trains_on_what_the_sampler_recorded(
     service: tinker.ServiceClient,
 ) -> None:
@@ -172,7 +173,6 @@ def test_stable_reinforce_trains_on_what_the_sampler_recorded(
     assert gain > 0.1
 
 
-@pytest.mark.integration
 def test_records_survive_a_restart_and_a_resumed_model_trains_on_them(
     served: Served, service: tinker.ServiceClient
 ) -> None:

@@ -77,13 +77,28 @@ def test_bad_datum_names_index_and_field() -> None:
         protobuf.datums_from_proto(msg)
 
 
-def test_image_chunks_are_refused_by_name() -> None:
+def test_image_chunks_decode_and_audio_chunks_are_refused_by_name() -> None:
+    """Image chunks decode as `ImageChunk`s (whether the model takes images, and the bytes, are
+    checked against the model later: server/core/image_inputs.py); a format other than png or
+    jpeg, and audio chunks, are refused here, by name."""
     msg = _request([types.Datum(model_input=types.ModelInput.from_ints([1]), loss_fn_inputs={})])
-    msg.data[0].model_input.add().image.data = b"png"
-    with pytest.raises(protobuf.NonTextChunk, match="datum 0: model_input chunk 1 is an image") as err:
+    image = msg.data[0].model_input.add().image
+    image.data, image.format, image.expected_tokens = b"png", "png", 3
+    chunk = protobuf.datums_from_proto(msg)[0].model_input.chunks[1]
+    assert isinstance(chunk, types.ImageChunk)
+    assert (chunk.data, chunk.format, chunk.expected_tokens) == (b"png", "png", 3)
+    image.format = "gif"
+    with pytest.raises(UserError, match="datum 0: model_input chunk 1: image format 'gif'"):
+        protobuf.datums_from_proto(msg)
+    image.format = "png"
+    image.override_dimensions.width = 4
+    with pytest.raises(UserError, match="override_dimensions is not supported"):
+        protobuf.datums_from_proto(msg)
+    msg.data[0].model_input[1].dmel.dmel = b"audio"
+    with pytest.raises(protobuf.NonTextChunk, match="datum 0: model_input chunk 1 is an audio") as err:
         protobuf.datums_from_proto(msg)
     named = str(err.value.for_model("some/model"))
-    assert "type 'image'" in named and "'some/model' is a text-only model" in named
+    assert "type 'dmel'" in named and "'some/model' is a text-only model" in named
     assert isinstance(err.value, UserError)
 
 

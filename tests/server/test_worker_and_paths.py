@@ -3,82 +3,51 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from support.fake_engine import BASE, VOCAB, FakeEngine
 from tinker import types
 
-from tinker_local.engine.contract import SampleDone, SamplingRequest
+from tinker_local.engine.contract import EngineError, SamplingRequest
 from tinker_local.server.core import tinker_paths
 from tinker_local.server.core.engine_worker import EngineWorker, WorkerStopped
 from tinker_local.server.core.errors import ApiError
 
 
-class _RecordingSampling:
-    """Answers everything submitted since the last step in one batch: the prompt's first
-    token + 1, or a ValueError for prompt [0]."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.thread: threading.Thread | None = None
-        self._pending: list[tuple[SamplingRequest, SampleDone]] = []
-
-    @property
-    def idle(self) -> bool:
-        return not self._pending
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
-    def submit(self, request: SamplingRequest, done: SampleDone) -> None:
-        self._pending.append((request, done))
-
-    def run(self, between: Callable[[], bool]) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            self.thread = threading.current_thread()
-            self.batches.append([r.prompt[0] for r, _ in batch])
-            for request, done in batch:
-                first = request.prompt[0]
-                done(ValueError(first) if first == 0 else first + 1)  # type: ignore[arg-type]
-            if between():
-                return
-
-
-class _RecordingEngine:
-    batch_models = False
-    loss_inputs: dict[str, tuple[str, ...]] = {}  # noqa: RUF012 - never changed
-
-    def __init__(self) -> None:
-        self.sampling = _RecordingSampling()
-
-
 def _request(first_token: int) -> SamplingRequest:
-    return SamplingRequest("s", [first_token], types.SamplingParams(max_tokens=1))
+    """A one-token request to sampler "s", seeded by its token (so each has its own answer)."""
+    params = types.SamplingParams(max_tokens=3, seed=first_token, stop=[])
+    return SamplingRequest("s", [first_token], params)
 
 
 def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
-    engine = _RecordingEngine()
+    engine = FakeEngine()
+    engine.create_sampler("s", base_model=BASE)
     worker = EngineWorker(lambda: engine)  # type: ignore[arg-type, return-value]
     worker.start()
     started, gate = threading.Event(), threading.Event()
     order: list[str] = []
     blocker = worker.submit(lambda e: started.set() or gate.wait(10))
     assert started.wait(5)  # the worker holds the blocker, so all four samples queue behind it
-    samples = [Future() for _ in range(4)]
-    for future, first in zip(samples, (1, 2, 0, 3)):  # each outcome reaches its own callback
+    firsts = (1, 2, VOCAB, 3)  # VOCAB: outside the vocabulary, so that request fails
+    samples = [Future() for _ in firsts]
+    for future, first in zip(samples, firsts):  # each outcome reaches its own callback
         worker.submit_sample(_request(first), future.set_result)
     after = worker.submit(lambda e: order.append("job"))
     gate.set()
     assert blocker.result(5) is True
-    assert [f.result(5) for f in samples[:2]] + [samples[3].result(5)] == [2, 3, 4]
-    assert isinstance(samples[2].result(5), ValueError)  # per-request errors stay per request
+    for first, future in zip(firsts, samples):
+        got = future.result(5)
+        if first == VOCAB:  # per-request errors stay per request
+            assert isinstance(got, EngineError) and "outside the vocabulary" in str(got)
+            continue
+        # each request got its own answer (its seed's), not another's
+        assert got.sequences[0].tokens == engine._sample(_request(first)).sequences[0].tokens
     after.result(5)
-    assert engine.sampling.batches == [[1, 2, 0, 3]]
-    assert engine.sampling.thread is not threading.current_thread()
+    assert engine.sampling.batches == [[[1], [2], [VOCAB], [3]]]
+    assert engine.thread is not threading.current_thread()
     worker.stop()
     late = worker.submit(lambda e: None)
     with pytest.raises(WorkerStopped):

@@ -1,4 +1,4 @@
-"""Shared SFT test fixtures: the tiny test model's tokenizer (SmolLM2's real chat template)."""
+"""Shared SFT test fixtures."""
 
 from __future__ import annotations
 
@@ -6,10 +6,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer():
-    from transformers import AutoTokenizer
-
-    from tinker_local import config
-    from tinker_local.engine.models.registry import resolve_model
-
-    return AutoTokenizer.from_pretrained(resolve_model(config.TINY_TEST_MODEL))
+def tiny_tokenizer(smollm2_tokenizer):
+    """The tiny test model's tokenizer: SmolLM2's, with its real chat template."""
+    return smollm2_tokenizer

@@ -1,13 +1,10 @@
-"""The GSM8K recipe through `tinker-local rl` on the tiny model, from files in the Hugging Face
+"""The GSM8K recipe through `tinker-local rl` (in this process) on the tiny model, from files in the Hugging Face
 layout: the R1-zero prompt, greedy validation on the seeded held-out problems, rollouts scored
 by the GSM8K reward, and a paused run that resumes from its checkpoint."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from test_gsm8k_data import hf_layout, rows
@@ -29,11 +26,11 @@ def _questions(transcripts: list[dict], kind: str) -> set[str]:
     return out
 
 
-def test_rl_cli_runs_the_recipe_and_resumes(tmp_path):
+def test_rl_cli_runs_the_recipe_and_resumes(tmp_path, cli):
     data = hf_layout(tmp_path / "gsm8k", rows(0, 16), rows(100, 12))
     log_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "tinker_local.cli", "rl", "--task", "gsm8k",
+        "rl", "--task", "gsm8k",
         "--task-option", f"path={data}", "--task-option", "r1_zero=true",
         "--task-option", "n_test=4", "--task-option", "val_seed=3",
         "--base-model", config.TINY_TEST_MODEL, "--lora-rank", "4", "--log-dir", str(log_dir),
@@ -41,10 +38,9 @@ def test_rl_cli_runs_the_recipe_and_resumes(tmp_path):
         "--eval-every", "1", "--save-every", "1", "--transcripts-per-step", "2",
         "--no-progress",
     ]  # fmt: skip
-    env = os.environ.copy()
-    first = subprocess.run([*cmd, "--stop-after-steps", "1"], env=env, timeout=300, check=False)
-    assert first.returncode == 0
-    second = subprocess.run(cmd, env=env, timeout=300, check=False, capture_output=True, text=True)
+    first = cli(*cmd, "--stop-after-steps", "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = cli(*cmd)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "eval/n: 4.0000" in second.stdout
 

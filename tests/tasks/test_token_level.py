@@ -8,22 +8,12 @@ import asyncio
 
 import pytest
 
-from tinker_local import config
 from tinker_local.tasks.registry import make_dataset
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    cached = config.home() / "test-tokenizers" / "smollm2"  # shared with the RL tests
-    if (cached / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(cached)
-    from tinker_local.engine.models.builtin import load_smollm2_tokenizer
-
-    tok = load_smollm2_tokenizer()
-    tok.save_pretrained(cached)
-    return tok
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def _encode(tokenizer, text: str) -> list[int]:

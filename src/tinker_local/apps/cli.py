@@ -65,6 +65,12 @@ def _pipeline() -> Main:
     return main
 
 
+def _sandbox_serve() -> Main:
+    from tinker_local.apps.sandbox_serve import main
+
+    return main
+
+
 def _eval() -> Main:
     from tinker_local.apps.eval import main
 
@@ -86,6 +92,10 @@ SUBCOMMANDS: dict[str, tuple[Callable[[], Main], str]] = {
         "SFT, then RL from the SFT checkpoint, then eval of base/SFT/RL side by side",
     ),
     "eval": (_eval, "evaluate checkpoints on tasks with Jeffreys intervals"),
+    "sandbox-serve": (
+        _sandbox_serve,
+        "SandboxFusion's run_code API on the local sandbox (for the cookbook's code_rl)",
+    ),
 }
 
 
@@ -134,7 +144,8 @@ def apply_sampler_option(argv: list[str], options_need_separator: bool = False) 
 
 def _usage() -> str:
     lines = ["usage: tinker-local COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
 

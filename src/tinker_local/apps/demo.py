@@ -50,6 +50,7 @@ def demo_config(
     seed: int,
     learning_rate: float,
     base_model: str = DEFAULT_BASE_MODEL,
+    eval_problems: int = EVAL_PROBLEMS,
 ) -> RLConfig:
     return RLConfig(
         log_dir=log_dir,
@@ -69,7 +70,7 @@ def demo_config(
         # costs about five training steps, and ten more steps helped more than a midpoint.
         eval_every=0,
         save_every=10,
-        eval_transcripts=EVAL_PROBLEMS,
+        eval_transcripts=eval_problems,
     )
 
 
@@ -135,7 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the recipe is tuned for the default; another model (e.g. the random "
         "tinker-local/tiny-llama) is for quick looks and tests",
     )
+    parser.add_argument(
+        "--eval-problems",
+        type=int,
+        default=EVAL_PROBLEMS,
+        help=f"held-out problems evaluated before and after training (default {EVAL_PROBLEMS}; "
+        "fewer for a quick look: the intervals widen)",
+    )
     args = parser.parse_args(argv)
+    if args.eval_problems < 1:
+        parser.error("--eval-problems must be at least 1")
     go_offline_if_hub_unreachable()
     log_dir = args.log_dir or f"runs/rl-demo-seed{args.seed}"
     cfg = demo_config(
@@ -144,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         learning_rate=args.learning_rate,
         base_model=args.base_model,
+        eval_problems=args.eval_problems,
     )
 
     def datasets(tokenizer: Any):
         train = arithmetic.make_dataset(
             tokenizer, batch_size=TRAIN_BATCH, group_size=GROUP_SIZE, seed=args.seed
         )
-        test = arithmetic.make_dataset(tokenizer, split="test", batch_size=EVAL_PROBLEMS)
+        test = arithmetic.make_dataset(
+            tokenizer, split="test", batch_size=args.eval_problems, n=args.eval_problems
+        )
         return train, test
 
     client = service_client()
@@ -160,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     timing = asyncio.run(_warm_up(client, cfg))
-    print(timing.summary(cfg.max_steps, EVAL_PROBLEMS), flush=True)
-    expected = timing.expected_s(cfg.max_steps, EVAL_PROBLEMS)
+    print(timing.summary(cfg.max_steps, args.eval_problems), flush=True)
+    expected = timing.expected_s(cfg.max_steps, args.eval_problems)
     clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=sum(expected) / 2)
     started = time.perf_counter()
     with _step_display(clock) as show:

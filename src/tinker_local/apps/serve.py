@@ -47,6 +47,14 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-queued", type=int, default=256, help="engine jobs queued before answering 429"
     )
     parser.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder ImageAssetPointerChunk paths may point into (repeatable); no other file "
+        "of this machine is ever read for an image, and URLs are refused (offline)",
+    )
+    parser.add_argument(
         "--session-timeout",
         type=float,
         default=600,
@@ -79,10 +87,13 @@ def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
             args.session_timeout,
             SDK_HEARTBEAT_S,
         )
+    from tinker_local.server.core.image_inputs import allowed_image_dirs
+
     return ServerSettings(
         api_keys=keys,
         database=config.home() / "server.sqlite3",
         session_timeout_s=args.session_timeout,
+        image_dirs=allowed_image_dirs(getattr(args, "image_dir", [])),
         **limits,
     )
 

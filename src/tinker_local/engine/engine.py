@@ -35,6 +35,7 @@ from tinker_local.engine.contract import (
     CustomLoss,
     EngineStatus,
     ForwardBackwardCall,
+    ImageGeometry,
     LoraSpec,
     LossInputs,
     ModelInfo,
@@ -45,7 +46,8 @@ from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.losses import LOSS_FNS, prepare_data
 from tinker_local.engine.losses.custom import CompiledLoss
-from tinker_local.engine.models import registry
+from tinker_local.engine.models import registry, text_codecs
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.builtin_backend import (
     ContinuousSampling,
     EngineSampling,
@@ -84,6 +86,7 @@ class _Base:
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
+    vision: VisionModel | None = None  # a vision-language model's image side
 
 
 @dataclass
@@ -178,6 +181,16 @@ class Engine:
     def available_models() -> list[str]:
         return registry.available_models()
 
+    @staticmethod
+    def text_codec(base_model: str) -> text_codecs.HfTextCodec:
+        """`contract.TextCodecs`: reads tokenizer files only, so any thread may call it."""
+        return text_codecs.codec_for(base_model)
+
+    def image_geometry(self, base_model: str) -> ImageGeometry | None:
+        """`contract.VisionModels`: how `base_model` tokenises images (None: text only)."""
+        vision = self._base(base_model).vision
+        return None if vision is None else vision.geometry
+
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""
         device = torch.device(self.device)
@@ -265,7 +278,11 @@ class Engine:
             except Exception as error:  # noqa: BLE001 - this call's outcome only
                 results[index] = error
                 continue
-            if call.model_id in seen:
+            # LoRA on an image encoder routes by batch row, and the encoder's rows are
+            # patches: such a model's calls with images never share a pass.
+            vision_lora = self._models[call.model_id].spec.train_vision and any(
+                d.images for d in training.data)
+            if call.model_id in seen or vision_lora:
                 later.append((index, base, training, call.forward_only))
                 continue
             seen.add(call.model_id)
@@ -422,6 +439,7 @@ class Engine:
         prepared = prepare_data(
             call.data, loss, behavior=call.behavior,
             custom_inputs=custom.input_names[1:] if custom is not None else (),
+            image_token_id=None if base.vision is None else base.vision.image_token_id,
         )
         return base, TrainingCall(
             adapter_key=_train_key(call.model_id),
@@ -452,6 +470,7 @@ class Engine:
             forward_only=forward_only,
             token_budget=self.token_budget,
             checkpoint_activations=self.checkpoint_activations,
+            vision=base.vision,
         )
 
 
@@ -465,13 +484,15 @@ class Engine:
                 raise user_error(str(error)) from None
             pool = AdapterPool(name, loaded.model)
             vocab = split_causal_lm(pool.model).vocab
-            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab)
+            vision = VisionModel.load(pool.model, Path(loaded.folder))
+            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab, vision=vision)
         return self._bases[name]
 
     def _base_sampler(self, base: _Base) -> Sampler:
         if base.sampler is None:
             loaded = base.loaded
-            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids)
+            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids,
+                                   base.vision)
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:

@@ -24,3 +24,6 @@ class SandboxConfig:
     # None: memory_bytes; 0: off. Docker: the container's --memory.
     run_memory_bytes: int | None = None
     docker_image: str = DEFAULT_IMAGE
+    # Installed distributions (and their requirements) the program may import, read-only
+    # (packages.py); the standard library only when empty. Not with isolation="docker".
+    python_packages: tuple[str, ...] = ()

@@ -52,20 +52,22 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
 def _install(cfg: dict) -> None:
-    realpath, join, getpid = os.path.realpath, os.path.join, os.getpid
+    # Bound now: a program may blank os functions (LiveCodeBench's reliability_guard sets
+    # os.getcwd = None), and the hook must keep working for the rest of the run.
+    realpath, join, getpid, getcwd = os.path.realpath, os.path.join, os.getpid, os.getcwd
     write_roots = [realpath(cfg["workdir"]), realpath(cfg["tmpdir"]), "/dev/null"]
     read_roots = write_roots + [realpath(p) for p in cfg["read_roots"]]
     allow_subprocess = bool(cfg["allow_subprocess"])
 
-    def deny(what: str, event: str) -> None:
-        raise PermissionError(f"sandbox: {what} is not allowed ({event})")
+    def deny(what: str, event: str, error: type[Exception] = PermissionError) -> None:
+        raise error(f"sandbox: {what} is not allowed ({event})")
 
     def inside(path: object, roots: list) -> bool:
         if isinstance(path, int) or path is None:
             return True  # an already-open descriptor, or the current folder
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        full = realpath(join(os.getcwd(), str(path)))
+        full = realpath(join(getcwd(), str(path)))
         return any(full == r or full.startswith(r.rstrip("/") + "/") for r in roots)
 
     def hook(event: str, args: tuple) -> None:
@@ -75,10 +77,11 @@ def _install(cfg: dict) -> None:
             deny("process creation", event)
         elif event in ("os.kill", "os.killpg") and args and args[0] != getpid():
             deny("signalling other processes", event)
-        elif event in ("ctypes.dlopen", "ctypes.cdata") or (
-            event == "import" and args and args[0] in ("ctypes", "_ctypes")
-        ):
+        elif event in ("ctypes.dlopen", "ctypes.cdata"):
             deny("ctypes", event)
+        elif event == "import" and args and args[0] in ("ctypes", "_ctypes"):
+            # An ImportError: libraries that treat ctypes as optional (numpy) carry on without.
+            deny("ctypes", event, ImportError)
         elif event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
@@ -108,6 +111,7 @@ def _main() -> None:
         _install(cfg)
     sys.argv = [main]
     sys.path.insert(0, os.getcwd())  # like `python main.py`: the program's folder is importable
+    sys.path[1:1] = cfg.get("python_path", [])  # the installed packages the run may import
     runpy.run_path(main, run_name="__main__")
 
 

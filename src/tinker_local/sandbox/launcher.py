@@ -81,6 +81,8 @@ def _build_root(cfg: dict) -> str:
             _bind_readonly(os.path.realpath("/etc/" + name), os.path.join(root, "etc", name))
     for dev in DEVICES:
         _bind_readonly("/dev/" + dev, os.path.join(root, "dev", dev), devices=True)
+    for name, path in cfg.get("site_entries", []):  # installed packages the run may import
+        _bind_readonly(path, os.path.join(root, "site", name))
     size = int(cfg["disk_bytes"])
     for mnt, mode in (("tmp", "1777"), ("sandbox", "755")):
         path = os.path.join(root, mnt)
@@ -137,6 +139,10 @@ def _exec_program(cfg: dict, workdir: str, tmpdir: str) -> None:
         "TMPDIR": tmpdir,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
+        # One thread per math library: the run's process cap (RLIMIT_NPROC) counts threads,
+        # and an allowed numpy would otherwise start one BLAS thread per host core.
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
     }
     guard = dict(cfg["guard"], workdir=workdir, tmpdir=tmpdir)
     py = cfg["python"]

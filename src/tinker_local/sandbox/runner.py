@@ -37,6 +37,7 @@ from tinker_local.sandbox.container import (
     guard_config,
     require_docker,
 )
+from tinker_local.sandbox.packages import package_entries
 from tinker_local.sandbox.result import SandboxResult, interpret
 
 _HERE = Path(__file__).resolve().parent
@@ -96,12 +97,41 @@ def _to_bytes(content: str | bytes) -> bytes:
     return content if isinstance(content, bytes) else content.encode("utf-8", "replace")
 
 
-def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None) -> dict:
+def _stage_site(staging: Path, entries: tuple[tuple[str, str], ...]) -> Path:
+    """Plain mode: a folder of symlinks to the allowed packages' files, put on sys.path; the
+    guard lets the program read it and the files it points to, nothing else in site-packages."""
+    site = staging / "site"
+    site.mkdir()
+    for name, path in entries:
+        (site / name).symlink_to(path)
+    return site
+
+
+def _site_access(
+    mode: str, staging: Path, entries: tuple[tuple[str, str], ...]
+) -> tuple[list[str], list[str]]:
+    """(sys.path additions, guard read roots) for the allowed packages."""
+    if not entries:
+        return [], []
+    if mode == "namespace":
+        return ["/site"], ["/site"]  # the launcher bind-mounts each entry there, read-only
+    site = str(_stage_site(staging, entries))
+    return [site], [site] + [path for _, path in entries]
+
+
+def _launch_config(
+    cfg: SandboxConfig,
+    mode: str,
+    staging: Path,
+    uid: int | None,
+    site_entries: tuple[tuple[str, str], ...] = (),
+) -> dict:
     base_python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     python_dirs = sorted(
         {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
     )
     cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 1
+    python_path, site_roots = _site_access(mode, staging, site_entries)
     return {
         "mode": mode,
         "staging": str(staging),
@@ -112,6 +142,7 @@ def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None
         "disk_bytes": cfg.disk_bytes,
         "nice": cfg.nice,
         "main": "main.py",
+        "site_entries": [list(entry) for entry in site_entries] if mode == "namespace" else [],
         "runner_source": _GUARD_SOURCE,
         "limits": {
             "cpu_s": cpu_s,
@@ -122,7 +153,10 @@ def _launch_config(cfg: SandboxConfig, mode: str, staging: Path, uid: int | None
         "guard": {
             "enabled": cfg.python_guard or mode == "plain",
             "allow_subprocess": cfg.allow_subprocess,
-            "read_roots": python_dirs + ["/dev/urandom", "/dev/random", "/dev/zero"],
+            "read_roots": python_dirs
+            + site_roots
+            + ["/dev/urandom", "/dev/random", "/dev/zero"],
+            "python_path": python_path,
         },
     }
 
@@ -250,7 +284,13 @@ def run_python_sync(
             f"unknown sandbox isolation {mode!r} (use 'namespace', 'plain' or 'docker')"
         )
     if mode == "docker":
+        if cfg.python_packages:
+            raise ValueError(
+                "sandbox python_packages are not supported with isolation='docker': "
+                "install them into the image (docker_image) instead"
+            )
         require_docker()  # raises SandboxUnavailable with the reason
+    site_entries = package_entries(tuple(cfg.python_packages)) if cfg.python_packages else ()
     staging = Path(tempfile.mkdtemp(prefix="tinker-local-sandbox-"))
     uid = None
     cgroup: RunCgroup | None = None
@@ -263,7 +303,7 @@ def run_python_sync(
             if mode == "plain":
                 os.chmod(staging, 0o711)  # the unprivileged uid must reach files/
             cgroup = _run_cgroup(cfg)
-            launch_cfg = _launch_config(cfg, mode, staging, uid)
+            launch_cfg = _launch_config(cfg, mode, staging, uid, site_entries)
             launch_cfg["cgroup_procs"] = cgroup.procs_file if cgroup else None
             launch = json.dumps(launch_cfg)
             started = time.monotonic()

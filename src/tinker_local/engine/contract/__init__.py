@@ -12,7 +12,11 @@ before queueing it and the engine trusts (`loss_specs.py`: what each loss takes)
   (`batch_models`, `loss_inputs`, `sampling`).
 - `SamplingBackend`: how sampling runs, step by step (`submit` with a done-callback, `run`
   with a `between` hook, `idle`). The built-in continuous-batching sampler and vLLM implement
-  it; `engine/factory.py` picks one by configuration.
+  it; `engine/factory.py` picks one by configuration. `StreamingSampling` (optional, the
+  built-in sampler): tokens reported as they are generated, and a request its reader left
+  taken out of the batch.
+- `TextCodecs` (optional, `text_codec.py`): a base model's tokenizer and chat template, for the
+  OpenAI- and Anthropic-compatible inference APIs, which take text rather than tokens.
 - The data: `ForwardBackwardCall`, `SamplingRequest` (not the SDK's `types.SampleRequest`: it
   names an engine sampler and holds plain token ids), `LoraSpec`, `ModelInfo`,
   `CheckpointMeta` with `read_checkpoint_meta` (which any thread may call: it reads JSON only),
@@ -25,8 +29,8 @@ its state cannot run) raises `EngineError` with category "user", naming what was
 
 Rules that keep what comes next (the whole SDK surface, a distributed engine) off this seam:
 - Inputs are plain, picklable data (ids, paths, numbers, the SDK's `tinker.types`, the frozen
-  dataclasses below), never callables or live objects; the one exception, a sampling
-  request's done-callback, stays with the caller. Each call's effect is deterministic given
+  dataclasses below), never callables or live objects; the exceptions, a sampling
+  request's done- and progress-callbacks, stay with the caller. Each call's effect is deterministic given
   its inputs and the calls before it; the only randomness is an unset seed (`LoraSpec.seed`,
   `SamplingParams.seed`), drawn by the engine. A distributed engine, where rank 0 serves HTTP
   and every rank executes the same commands in the same order, is then a rank-0 wrapper
@@ -52,6 +56,8 @@ from typing import Any, Protocol, runtime_checkable
 from tinker import types
 
 from tinker_local.engine.contract.custom_loss_ops import check_custom_loss
+from tinker_local.engine.contract.image_chunks import ImageGeometry, ImageSlot
+from tinker_local.engine.contract.text_codec import ChatMessage, TextCodec, TextCodecs
 from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
@@ -59,6 +65,7 @@ __all__ = [
     "MAX_PROMPT_ALT_TOKENS_K",
     "OPTIMIZERS",
     "Behavior",
+    "ChatMessage",
     "CheckpointMeta",
     "CustomLoss",
     "Engine",
@@ -67,14 +74,22 @@ __all__ = [
     "EngineStatus",
     "FaultReporting",
     "ForwardBackwardCall",
+    "ImageGeometry",
+    "ImageSlot",
     "LoraSpec",
     "LossInputs",
     "ModelInfo",
+    "SampleDelta",
     "SampleDone",
     "SampleOutcome",
+    "SampleProgress",
     "SamplingBackend",
     "SamplingRequest",
     "StatusReporting",
+    "StreamingSampling",
+    "TextCodec",
+    "TextCodecs",
+    "VisionModels",
     "check_custom_loss",
     "read_checkpoint_meta",
     "write_checkpoint_meta",
@@ -116,6 +131,8 @@ class LoraSpec:
     train_unembed: bool = True
     alpha: float = DEFAULT_LORA_ALPHA
     dropout: float = 0.0
+    # LoRA on a vision model's image encoder too (extension; off: the language model only).
+    train_vision: bool = False
 
     def validate(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -210,12 +227,32 @@ class SamplingRequest:
     topk_sample_logprobs: int = 0
     target_prompt_logprobs: types.TensorData | None = None
     prompt_alt_tokens_k: int = 0
+    images: tuple[ImageSlot, ...] = ()
 
 
 # What a sampling request ends with: its response, or the exception that failed it
 # (`EngineError` "user" for a bad request, "server" when sampling itself failed).
 SampleOutcome = types.SampleResponse | Exception
 SampleDone = Callable[[SampleOutcome], None]
+
+
+@dataclass(frozen=True)
+class SampleDelta:
+    """What one sample of a streaming request generated since the last report: its new tokens,
+    their logprobs and, when the request asked for `topk_sample_logprobs`, the top ids and
+    logprobs at each new position."""
+
+    sample_index: int
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_ids: tuple[tuple[int, ...], ...] = ()
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+
+
+# Called on the caller's thread after each step that gave a streaming request new tokens.
+# Returns False once nobody wants the rest (a client closed its stream): the request then
+# leaves the batch at once, and its `done` gets an EngineError saying it was cancelled.
+SampleProgress = Callable[[Sequence[SampleDelta]], bool]
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
@@ -353,6 +390,20 @@ class SamplingBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class StreamingSampling(Protocol):
+    """A backend that reports a request's tokens as they are generated (optional: the server
+    asks `isinstance(backend, StreamingSampling)`; without it a streamed answer arrives whole,
+    through `done`, and a request whose reader left runs to its end)."""
+
+    def submit_streaming(
+        self, request: SamplingRequest, done: SampleDone, progress: SampleProgress
+    ) -> None:
+        """`submit`, plus `progress` after each step that added tokens to one of its samples
+        (the final tokens may arrive through `done` alone)."""
+        ...
+
+
 @dataclass(frozen=True)
 class EngineStatus:
     """What an engine holds right now, for the server's live console."""
@@ -464,6 +515,20 @@ class Engine(Protocol):
     def unload_sampler(self, sampler_id: str) -> None:
         """Its requests still in flight fail ("user" errors) or finish on the weights they
         started with."""
+        ...
+
+
+@runtime_checkable
+class VisionModels(Protocol):
+    """An engine that serves vision-language models (optional: the server asks
+    `isinstance(engine, VisionModels)`; other engines serve text only).
+
+    Images then arrive as a datum's `types.ImageChunk`s (bytes, `expected_tokens` set to the
+    count the server checked with the geometry) and as `SamplingRequest.images`."""
+
+    def image_geometry(self, base_model: str) -> ImageGeometry | None:
+        """How `base_model` turns an image into tokens; None for a text-only model. Called on
+        the engine's thread (it may load the model)."""
         ...
 
 

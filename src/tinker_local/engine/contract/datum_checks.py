@@ -8,16 +8,21 @@ come in three steps, because the server resolves part of a call from its datums 
 `custom` call names):
 
 - `loss_spec`: the loss is one the engine implements (its spec: loss_specs.py);
-- `check_data`: each datum on its own: `model_input` (token chunks, not empty, ids in the
-  vocabulary), the `loss_fn_inputs` the loss takes (present, one row per model_input position,
-  finite, target ids in the vocabulary, no key the loss does not know), and provenance (span
+- `check_data`: each datum on its own: `model_input` (token chunks and, for a vision model,
+  image chunks whose `expected_tokens` the server counted; not empty, ids in the vocabulary,
+  no image placeholder written as text), the `loss_fn_inputs` the loss takes (present, one row
+  per model_input position, finite, target ids in the vocabulary, no key the loss does not
+  know, no weight or advantage where the target is an image token), and provenance (span
   lists that tile what they annotate; that they come as a pair, `types.Datum` itself asserts);
 - `check_call`: what depends on the whole call: `loss_fn_config`, the sampler's records
   (`Behavior`), a custom loss's declared inputs, the inputs a backward pass needs.
 
-`check_forward_backward` runs the three on a complete call. A vocabulary of None skips the
-token-id ranges (`check_token_ids` checks them later, once it is known). A new kind of model
-input (image chunks) is checked in `_model_input_length`, the one place that reads chunks.
+`check_forward_backward` runs the three on a complete call. A vocabulary of None (the model is
+not known yet) skips what depends on the model: the token-id ranges and which chunks it takes
+(`check_token_ids` checks them later, once it is known). What an image's bytes are and how many
+tokens it makes is the server's to resolve first (server/core/image_inputs.py: it reads the
+image); a new kind of model input is checked in `_model_input_layout`, the one place that reads
+chunks.
 Every problem raises `EngineError` ("user"): `datum <i>: <field> <what is wrong>`.
 """
 
@@ -29,6 +34,7 @@ import numpy as np
 from tinker import types
 
 from tinker_local.engine.contract import Behavior, CustomLoss, ForwardBackwardCall, LossInputs
+from tinker_local.engine.contract.image_chunks import ImageSlot, image_target_positions
 from tinker_local.engine.contract.loss_specs import (
     KNOWN_INPUT_KEYS,
     LOSS_SPECS,
@@ -38,15 +44,22 @@ from tinker_local.engine.contract.loss_specs import (
 from tinker_local.engine.errors import datum_error, user_error
 
 TARGETS = "loss_fn_inputs['target_tokens']"
+# Inputs that say a position is trained on: non-zero where the target is an image token would
+# train the model to predict an image placeholder.
+_TARGET_MARKS = ("weights", "advantages")
 
 
 def check_forward_backward(
-    call: ForwardBackwardCall, vocab_size: int | None, losses: LossInputs | None = None
+    call: ForwardBackwardCall,
+    vocab_size: int | None,
+    losses: LossInputs | None = None,
+    image_token_id: int | None = None,
 ) -> LossSpec:
     """Every check of one complete call (`losses`: what the engine implements; None: every
-    built-in loss). Returns the loss's spec."""
+    built-in loss; `image_token_id`: a vision model's placeholder, None for a text model).
+    Returns the loss's spec."""
     spec = loss_spec(call.loss_fn, losses)
-    check_data(call.data, spec, vocab_size)
+    check_data(call.data, spec, vocab_size, image_token_id)
     check_call(call, spec)
     return spec
 
@@ -68,26 +81,35 @@ def loss_spec(loss_fn: object, losses: LossInputs | None = None) -> LossSpec:
 # ---- each datum on its own -------------------------------------------------------------------
 
 
-def check_data(data: object, spec: LossSpec, vocab_size: int | None) -> None:
+def check_data(
+    data: object, spec: LossSpec, vocab_size: int | None, image_token_id: int | None = None
+) -> None:
+    """Each datum (see the module docstring). `vocab_size` None: the model is not known yet;
+    `image_token_id`: its image placeholder (None: a text model, which takes no images)."""
     if not isinstance(data, (list, tuple)) or not data:
         raise user_error("forward_backward needs at least one datum")
     for index, datum in enumerate(data):
-        _check_datum(index, datum, spec, vocab_size)
+        _check_datum(index, datum, spec, vocab_size, image_token_id)
 
 
-def check_token_ids(data: Sequence[types.Datum], vocab_size: int) -> None:
-    """The token ids of checked datums (model_input and target_tokens) against the vocabulary:
-    the part of `check_data` that needed it."""
+def check_token_ids(
+    data: Sequence[types.Datum], vocab_size: int, image_token_id: int | None = None
+) -> None:
+    """What `check_data` left for when the model is known (it was given no vocabulary): the
+    token ids of model_input and target_tokens against the vocabulary, and the chunks the model
+    takes (images only for a vision model, no image placeholder written as text)."""
     for index, datum in enumerate(data):
-        _check_ids(index, "model_input", np.asarray(datum.model_input.to_ints()), vocab_size)
+        _model_input_layout(index, datum.model_input, vocab_size, image_token_id)
         targets = _array(index, "target_tokens", datum.loss_fn_inputs["target_tokens"])
         _check_ids(index, TARGETS, targets, vocab_size)
 
 
-def _check_datum(index: int, datum: object, spec: LossSpec, vocab_size: int | None) -> None:
+def _check_datum(
+    index: int, datum: object, spec: LossSpec, vocab_size: int | None, image_token_id: int | None
+) -> None:
     if not isinstance(datum, types.Datum):
         raise datum_error(index, "datum", f"must be a tinker Datum, got {type(datum).__name__}")
-    length = _model_input_length(index, datum.model_input, vocab_size)
+    length, images = _model_input_layout(index, datum.model_input, vocab_size, image_token_id)
     given = datum.loss_fn_inputs
     named = ("target_tokens",) if spec.custom else ("target_tokens", *spec.required)
     for key in named:
@@ -115,24 +137,78 @@ def _check_datum(index: int, datum: object, spec: LossSpec, vocab_size: int | No
                         index, "loss_fn_inputs['sequence_ratio_mask']",
                         "marks no position; the sequence ratio is a mean over the marked positions",
                     )
+    _check_no_image_targets(index, given, length, images)
     _check_provenance(index, datum, length, int(targets.shape[0]))
 
 
-def _model_input_length(index: int, model_input: object, vocab_size: int | None) -> int:
-    """The number of positions of `model_input`, whose chunks must all be token chunks."""
+def _model_input_layout(
+    index: int, model_input: object, vocab_size: int | None, image_token_id: int | None
+) -> tuple[int, list[ImageSlot]]:
+    """The number of positions of `model_input` and where its images sit. Its chunks are token
+    chunks and image chunks with a token count (`expected_tokens`, which the server set to
+    what the model makes of the image). With the model known (`vocab_size`), images only for a
+    vision model, and no image placeholder (`image_token_id`) among the text tokens."""
     if not isinstance(model_input, types.ModelInput):
         raise datum_error(index, "model_input", "must be a tinker ModelInput")
-    for chunk in model_input.chunks:
-        if not isinstance(chunk, types.EncodedTextChunk):
+    text: list[int] = []
+    images: list[ImageSlot] = []
+    length = 0
+    for c, chunk in enumerate(model_input.chunks):
+        if isinstance(chunk, types.EncodedTextChunk):
+            if image_token_id is not None and image_token_id in chunk.tokens:
+                raise datum_error(
+                    index, f"model_input chunk {c}", f"holds the image placeholder token "
+                    f"{image_token_id} as text; images go in image chunks",
+                )
+            text.extend(chunk.tokens)
+            length += len(chunk.tokens)
+            continue
+        known = vocab_size is not None
+        if not isinstance(chunk, types.ImageChunk) or (known and image_token_id is None):
+            takes = "token and image chunks" if image_token_id is not None else "token chunks"
+            model = "" if not known else (
+                " (a vision model)" if image_token_id is not None else " (a text-only model)")
             raise datum_error(
-                index, "model_input", f"has a {type(chunk).__name__} chunk; only token chunks "
-                "(EncodedTextChunk) are supported",
+                index, "model_input", f"has a {type(chunk).__name__} chunk, which the "
+                f"model{model} does not take here: it takes {takes}",
             )
-    tokens = np.asarray(model_input.to_ints(), dtype=np.int64)
-    if tokens.size == 0:
+        if chunk.expected_tokens is None or chunk.expected_tokens < 1:
+            raise datum_error(
+                index, f"model_input chunk {c}", "is an image with no token count "
+                "(expected_tokens)",
+            )
+        count = int(chunk.expected_tokens)
+        images.append(ImageSlot(length, count, chunk.data, chunk.format))
+        length += count
+    if length == 0:
         raise datum_error(index, "model_input", "is empty")
-    _check_ids(index, "model_input", tokens, vocab_size)
-    return int(tokens.size)
+    _check_ids(index, "model_input", np.asarray(text, dtype=np.int64), vocab_size)
+    return length, images
+
+
+def _check_no_image_targets(
+    index: int, given: dict[str, types.TensorData], length: int, images: list[ImageSlot]
+) -> None:
+    """No loss weight or advantage where the target is an image token (image positions carry
+    no targets)."""
+    positions = image_target_positions(length, images)
+    if not positions:
+        return
+    for key in _TARGET_MARKS:
+        if key not in given:
+            continue
+        values = _array(index, key, given[key])
+        if values.ndim == 0 or values.shape[0] != length:
+            continue  # the row check names this one (a custom loss's inputs are its own)
+        marked = values[positions].reshape(len(positions), -1) != 0
+        hits = np.flatnonzero(marked.any(axis=1))
+        if hits.size:
+            position = positions[int(hits[0])]
+            raise datum_error(
+                index, f"loss_fn_inputs[{key!r}]", f"is {values[position]} at position "
+                f"{position}, whose target is an image token (position {position + 1} of "
+                "model_input is inside an image): image positions carry no targets; give them 0",
+            )
 
 
 def _array(index: int, key: str, value: object) -> np.ndarray:

@@ -17,7 +17,8 @@ does differently, and why:
   so a checkpoint is the same PEFT folder whatever the world size, written once.
 - `load_state` / `create_sampler(adapter_dir=)`: every rank reads the folder; ranks on other
   machines get its files from rank 0 with the command.
-- pure queries (`model_info`, `available_models`, `loss_inputs`, `batch_models`): rank 0 alone.
+- pure queries (`model_info`, `available_models`, `loss_inputs`, `batch_models`,
+  `text_codec`): rank 0 alone.
 - everything else, including methods added to the contract later: the default command, every
   rank calls the same method with the same arguments (`__getattr__`). A new method that reads a
   folder belongs in `_FOLDER_ARGUMENTS`, one that only writes files in `_LEADER_ONLY`, one that
@@ -183,6 +184,10 @@ class DistributedEngine:
 
     def available_models(self) -> list[str]:
         return self._local.available_models()
+
+    def text_codec(self, base_model: str) -> Any:
+        """Rank 0's (`contract.TextCodecs`; reads tokenizer files only, any thread)."""
+        return self._local.text_codec(base_model)
 
     def model_info(self, model_id: str) -> ModelInfo:
         return self._local.model_info(model_id)

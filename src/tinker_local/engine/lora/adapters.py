@@ -11,7 +11,9 @@ training forward runs each batch row through exactly one adapter, so training on
 change another adapter's outputs or the base's.
 
 What is adapted: every nn.Linear inside attention (q/k/v/o) and MLP blocks (gate/up/down), and
-the output layer. Mixture-of-experts blocks (Qwen3-MoE, gpt-oss) keep their experts' weights as
+the output layer, of the language model. A vision-language model's image encoder (and the merger
+that projects its features into the language model) is left frozen unless the spec asks for it
+(`LoraSpec.train_vision`, a tinker-local extension): then every Linear layer in it is adapted. Mixture-of-experts blocks (Qwen3-MoE, gpt-oss) keep their experts' weights as
 fused 3-D parameters and route with a plain weight, neither an nn.Linear: they stay frozen, so
 on those models LoRA covers attention and the output layer (plus any dense MLP layers). peft's
 `target_parameters` could adapt fused experts, but it refuses mixed-adapter batches and requires
@@ -46,6 +48,7 @@ from torch import nn
 from tinker_local.engine.contract import DEFAULT_LORA_ALPHA, LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.row_routing import RowRouting, lora_row_routing
+from tinker_local.engine.models.vision import vision_tower_prefixes
 
 if TYPE_CHECKING:  # peft is imported where it is used (it is slow to import)
     from peft import LoraConfig
@@ -62,14 +65,19 @@ _TIED_WARNING = r".*tie_word_embeddings.*"
 
 
 def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
-    """Full names of the base model's Linear layers, by role: "attn", "mlp", "unembed"."""
+    """Full names of the base model's Linear layers, by role: "attn", "mlp", "unembed", and
+    "vision" (every Linear layer of a vision-language model's image encoder and its merger into
+    the language model, which the other roles never include)."""
     head = model.get_output_embeddings()
-    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": []}
+    groups: dict[str, list[str]] = {"attn": [], "mlp": [], "unembed": [], "vision": []}
+    towers = tuple(prefix + "." for prefix in vision_tower_prefixes(model))
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
         parents = name.split(".")[:-1]
-        if module is head:
+        if towers and name.startswith(towers):
+            groups["vision"].append(name)
+        elif module is head:
             groups["unembed"].append(name)
         elif any(_ATTN.search(p) for p in parents):
             groups["attn"].append(name)
@@ -80,8 +88,15 @@ def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
 
 def frozen_expert_weights(model: nn.Module) -> list[str]:
     """Fused mixture-of-experts weights (3-D parameters: one matrix per expert), which LoRA
-    leaves frozen."""
-    return [name for name, param in model.named_parameters() if param.ndim == 3]
+    leaves frozen. Convolution kernels are 3-D too (Qwen3.5's linear-attention conv1d) and
+    are not experts."""
+    return [
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if not isinstance(module, nn.modules.conv._ConvNd)
+        for name, param in module.named_parameters(recurse=False)
+        if param.ndim == 3
+    ]
 
 
 def _compact_targets(model: nn.Module, names: list[str]) -> list[str]:
@@ -142,6 +157,12 @@ class AdapterPool:
             + (self.groups["mlp"] if spec.train_mlp else [])
             + (self.groups["unembed"] if spec.train_unembed else [])
         )
+        if spec.train_vision:
+            if not self.groups["vision"]:
+                raise user_error(
+                    f"{self.base_name} has no image encoder: LoRA on the vision tower applies "
+                    "to vision-language models only")
+            names += self.groups["vision"]
         if not names:
             experts = (" (its mixture-of-experts weights are fused, not Linear layers, and are "
                        "not adapted)") if spec.train_mlp and self.expert_weights else ""

@@ -16,15 +16,18 @@ import torch
 from tinker import types
 
 from tinker_local.engine.contract import Behavior
+from tinker_local.engine.contract.image_chunks import ImageSlot, layout
 from tinker_local.engine.losses.functions import BEHAVIOR_LOGPROBS, SAMPLED, Inputs, LossFn
 
 
 @dataclass(frozen=True)
 class PreparedDatum:
-    """A datum as tensors: int64 tokens [L] and float32/int64 loss inputs on the CPU."""
+    """A datum as tensors: int64 tokens [L] and float32/int64 loss inputs on the CPU; for a
+    vision model, its images (`tokens` holds the image placeholder id at their positions)."""
 
     tokens: torch.Tensor
     inputs: Inputs
+    images: tuple[ImageSlot, ...] = ()
 
     @property
     def targets(self) -> torch.Tensor:
@@ -55,10 +58,12 @@ def prepare_data(
     *,
     behavior: Sequence[Behavior] | None = None,
     custom_inputs: Sequence[str] = (),
+    image_token_id: int | None = None,
 ) -> list[PreparedDatum]:
     """Every datum of a checked call as tensors. `behavior`: one per datum, for a loss that
     trains on the sampler's records; `custom_inputs`: the names of a custom loss's inputs
-    besides `logprobs`."""
+    besides `logprobs`; `image_token_id`: a vision model's image placeholder (the checks
+    refused images for a text model)."""
     named = custom_inputs if loss.spec.custom else (*loss.spec.required, *loss.spec.optional)
     prepared = []
     for index, datum in enumerate(data):
@@ -73,8 +78,9 @@ def prepare_data(
                 inputs[key] = value
         if behavior is not None and loss.spec.behavior:
             inputs.update(_behavior_inputs(behavior[index]))
-        tokens = torch.tensor(datum.model_input.to_ints(), dtype=torch.long)
-        prepared.append(PreparedDatum(tokens=tokens, inputs=inputs))
+        arranged = layout(datum.model_input, image_token_id)
+        tokens = torch.tensor(arranged.tokens, dtype=torch.long)
+        prepared.append(PreparedDatum(tokens=tokens, inputs=inputs, images=arranged.images))
     return prepared
 
 

@@ -3,7 +3,8 @@ served in, and whether that fits the memory of the device it will load on.
 
 Parameters come from the safetensors headers (exact, and read without loading a tensor) or,
 for other formats or a model not yet downloaded, from an empty (meta-device) model built from
-`config.json`. Only the weights are priced: training adds the LoRA weights, their optimizer
+`config.json`. A vision-language model counts both towers, and says how many of its parameters
+are the image encoder's (`vision_parameters`). Only the weights are priced: training adds the LoRA weights, their optimizer
 state and activations, sampling the KV cache; `fits` leaves a fifth of the memory for those.
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tinker_local.engine.models.vision import VISION_TOWER_NAMES
+
 HEADROOM = 0.8  # the share of available memory the weights may take and still "fit"
 
 
@@ -26,6 +29,7 @@ class ModelCost:
     dtype: torch.dtype
     device: torch.device
     available_bytes: int | None  # memory free on `device` now (None: unknown)
+    vision_parameters: int | None = None  # of `parameters`, a VLM's image encoder's
 
     @property
     def weight_bytes(self) -> int:
@@ -39,7 +43,10 @@ class ModelCost:
 
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
-        line = f"{human_count(self.parameters)} parameters, {human_bytes(self.weight_bytes)} in {dtype}"
+        line = f"{human_count(self.parameters)} parameters"
+        if self.vision_parameters:
+            line += f" ({human_count(self.vision_parameters)} in the vision tower)"
+        line += f", {human_bytes(self.weight_bytes)} in {dtype}"
         if self.available_bytes is None:
             return f"{line}; free memory on {self.device} unknown"
         verdict = "fits" if self.fits else "does NOT fit"
@@ -50,21 +57,28 @@ class ModelCost:
 
 
 def model_cost(folder: Path, dtype: torch.dtype, device: torch.device) -> ModelCost:
-    return ModelCost(parameter_count(folder), dtype, device, available_memory(device))
+    total, vision = parameter_counts(folder)
+    return ModelCost(total, dtype, device, available_memory(device), vision or None)
 
 
 def parameter_count(folder: Path) -> int:
     """The parameters of the model in `folder`: from its safetensors headers when it has them
     all, else from `config.json` alone."""
-    counted = safetensors_parameters(folder)
+    return parameter_counts(folder)[0]
+
+
+def parameter_counts(folder: Path) -> tuple[int, int]:
+    """(all parameters, those of the image encoder: 0 for a text model) of the model in
+    `folder`, as `parameter_count` counts them."""
+    counted = safetensors_parameters(folder, split_vision=True)
     if counted is not None:
         return counted
-    return config_parameters(json.loads((folder / "config.json").read_text()))
+    return config_parameter_counts(json.loads((folder / "config.json").read_text()))
 
 
-def safetensors_parameters(folder: Path) -> int | None:
+def safetensors_parameters(folder: Path, split_vision: bool = False):
     """Sum of the tensor sizes in the safetensors headers (None: no safetensors weights, or
-    a shard the index names is missing)."""
+    a shard the index names is missing); with `split_vision`, (sum, the vision tower's)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
@@ -72,7 +86,7 @@ def safetensors_parameters(folder: Path) -> int | None:
         shards = ["model.safetensors"]
     else:
         return None
-    total = 0
+    total = vision = 0
     for shard in shards:
         path = folder / shard
         if not path.is_file():
@@ -80,7 +94,13 @@ def safetensors_parameters(folder: Path) -> int | None:
         for name, info in _safetensors_header(path).items():
             if name != "__metadata__":
                 total += _numel(info["shape"])
-    return total
+                if _in_vision_tower(name):
+                    vision += _numel(info["shape"])
+    return (total, vision) if split_vision else total
+
+
+def _in_vision_tower(name: str) -> bool:
+    return any(part in VISION_TOWER_NAMES for part in name.split("."))
 
 
 def stored_dtype(folder: Path) -> str | None:
@@ -100,14 +120,29 @@ def stored_dtype(folder: Path) -> str | None:
 def config_parameters(config: dict[str, Any]) -> int:
     """Parameters of the causal LM transformers builds from `config`, counted on an empty
     (meta-device) model: nothing is allocated."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    return config_parameter_counts(config)[0]
+
+
+def config_parameter_counts(config: dict[str, Any]) -> tuple[int, int]:
+    """(all parameters, the image encoder's) of the model transformers builds from `config`
+    (a vision-language model whole, vision tower included), on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     model_type = config.get("model_type")
     settings = {k: v for k, v in config.items() if k != "model_type"}
     built = AutoConfig.for_model(model_type, **settings)
+    auto = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(built)
-    return sum(p.numel() for p in model.parameters())  # tied weights are counted once
+        model = auto.from_config(built)
+    seen: set[int] = set()
+    total = vision = 0
+    for name, param in model.named_parameters():  # tied weights are counted once
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        total += param.numel()
+        vision += param.numel() if _in_vision_tower(name) else 0
+    return total, vision
 
 
 def available_memory(device: torch.device) -> int | None:

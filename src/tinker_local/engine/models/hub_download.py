@@ -6,7 +6,8 @@ writes each file to a process-unique temporary file, so the file that was in fli
 process died starts over.)
 
 What is fetched: the top-level files a causal LM is served from (config, safetensors weights,
-or `pytorch_model*.bin` when there are none, tokenizer, chat template), never other formats
+or `pytorch_model*.bin` when there are none, tokenizer, chat template; a vision-language
+model's image processor configuration, `preprocessor_config.json`), never other formats
 (GGUF, ONNX, `original/`). Before the weights come: the model's cost (parameters, bytes in the
 serving dtype, whether it fits memory; `cost.py`, from `config.json` alone) and a disk
 check against the sizes the hub lists.
@@ -31,7 +32,7 @@ import torch
 from tinker_local.engine.models.cost import (
     ModelCost,
     available_memory,
-    config_parameters,
+    config_parameter_counts,
     human_bytes,
 )
 from tinker_local.engine.models.registry import (
@@ -103,11 +104,13 @@ def pull(
     try:
         config_path = hf_hub_download(repo_id, "config.json", revision=commit)
         resolved_device = resolve_device(device)
+        total, vision = config_parameter_counts(json.loads(Path(config_path).read_text()))
         cost = ModelCost(
-            config_parameters(json.loads(Path(config_path).read_text())),
+            total,
             resolve_dtype(dtype, resolved_device),
             resolved_device,
             available_memory(resolved_device),
+            vision or None,
         )
         say(f"{repo_id}: {cost.describe()}")
     except (ValueError, KeyError) as error:  # a config transformers cannot build

@@ -25,6 +25,7 @@ import torch
 from tinker_local.engine.cpu_features import bf16_kernels_available
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.cost import model_cost
+from tinker_local.engine.models.tiny_vision import IMAGE_PROCESSOR_FILE
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded (it is slow to import)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -52,6 +53,8 @@ TOKENIZER_SNAPSHOT_FILES = (
     "chat_template.json",
     "config.json",
     "generation_config.json",
+    # a vision model's image processor (the cookbook's get_image_processor reads it)
+    IMAGE_PROCESSOR_FILE,
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DTYPES = {
@@ -284,7 +287,7 @@ def ensure_tokenizer_resolvable(name: str, folder: Path) -> Path | None:
         raise InvalidModelFolderError(f"{folder} has no tokenizer files to publish for {name!r}")
     existing = cached_snapshot(name)
     if existing is not None:
-        if not _has_tokenizer(existing):
+        if not _has_tokenizer(existing) or _lacks_image_processor(existing, folder):
             _copy_missing(files, existing)
         return existing
     repo = _repo_cache(name)
@@ -308,7 +311,9 @@ def publish_tokenizers() -> dict[str, Path]:
     published: dict[str, Path] = {}
     for name in builtin.builtin_names():
         existing = cached_snapshot(name)
-        if existing is not None and _has_tokenizer(existing):
+        if existing is not None and _has_tokenizer(existing) and not (
+            name in builtin.TINY_VISION_MODELS and not (existing / IMAGE_PROCESSOR_FILE).is_file()
+        ):
             published[name] = existing
             continue
         try:
@@ -327,6 +332,11 @@ def _has_tokenizer(snapshot: Path) -> bool:
     return (snapshot / "tokenizer_config.json").is_file() and any(
         (snapshot / f).is_file() for f in TOKENIZER_VOCAB_FILES
     )
+
+
+def _lacks_image_processor(snapshot: Path, folder: Path) -> bool:
+    """A vision model's folder has an image processor configuration the snapshot lacks."""
+    return (folder / IMAGE_PROCESSOR_FILE).is_file() and not (snapshot / IMAGE_PROCESSOR_FILE).is_file()
 
 
 def _copy_missing(files: list[Path], snapshot: Path) -> None:
@@ -385,19 +395,31 @@ def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device)
 
 
 def _load_causal_lm(folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+    """The model in `folder`: a vision-language model whole (vision tower included, through
+    `AutoModelForImageTextToText`), any other as a causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto = AutoModelForImageTextToText if is_vision_config(_read_config(folder)) \
+        else AutoModelForCausalLM
     try:
         with builtin.no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(
+            return auto.from_pretrained(
                 folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
             )
     except (ValueError, ImportError) as error:  # architectures without an SDPA path
         logger.info("sdpa attention unavailable for %s (%s); using eager", folder, error)
         with builtin.no_progress_bars():
-            return AutoModelForCausalLM.from_pretrained(
+            return auto.from_pretrained(
                 folder, dtype=dtype, attn_implementation="eager", local_files_only=True
             )
+
+
+def is_vision_config(config: dict) -> bool:
+    """A config.json of a vision-language model transformers can load whole (text + images)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return "vision_config" in config and config.get("model_type") in \
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def _missing_shards(folder: Path) -> list[str]:
@@ -431,9 +453,22 @@ def _read_config(folder: Path) -> dict:
 
 
 def _is_causal_lm_type(model_type: object) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """A type transformers loads as a causal LM, or as a vision-language model with one."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
-    return isinstance(model_type, str) and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return isinstance(model_type, str) and (
+        model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        or model_type in _VISION_LANGUAGE_TYPES
+        and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    )
+
+
+# Vision-language families whose language model the engine serves (their body takes
+# pixel_values + image_grid_thw and places features at image_token_id; engine/models/vision.py).
+_VISION_LANGUAGE_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 def _not_found_message(name: str) -> str:

@@ -14,7 +14,8 @@ Every backend calls it in `submit`, so a bad request is answered at once.
 `ContinuousSampling` is the built-in backend: one `SamplerLoop` per base model; a request
 joins its base model's running batch at the next step (prefill, then decode with the rows
 already running); `run` advances every busy loop one step at a time, calling `between()` after
-each. Work done between steps must not disturb rows in flight: training only touches its own
+each. It is a `contract.StreamingSampling` too: `submit_streaming` reports each step's new
+tokens to a callback, which may take the request out of the batch (its reader left). Work done between steps must not disturb rows in flight: training only touches its own
 adapter (samplers use frozen snapshots, addressed by peft adapter name, never the active
 adapter), and every step re-enters eval/inference mode. An adapter removed between steps (its
 sampler unloaded) fails just the requests that use it, at the next step.
@@ -36,6 +37,7 @@ from tinker import types
 from tinker_local.engine.contract import (
     SampleDone,
     SampleOutcome,
+    SampleProgress,
     SamplingBackend,
     SamplingRequest,
 )
@@ -129,13 +131,24 @@ class ContinuousSampling:
             return
         self.submit_prepared(prepared, done)
 
-    def submit_prepared(self, prepared: Prepared, done: SampleDone) -> None:
+    def submit_streaming(
+        self, request: SamplingRequest, done: SampleDone, progress: SampleProgress
+    ) -> None:
+        """`contract.StreamingSampling`: `progress` after every step that added tokens."""
+        prepared = prepare_or_answer(request, self._resolve, done)
+        if prepared is None:
+            return
+        self.submit_prepared(prepared, done, progress)
+
+    def submit_prepared(
+        self, prepared: Prepared, done: SampleDone, progress: SampleProgress | None = None
+    ) -> None:
         """Queue a request `prepare` has checked (another backend may hand one over)."""
         sampler = prepared.slot.sampler
         loop = self._loops.get(prepared.slot.base_model)
         if loop is None or loop.sampler is not sampler:
             loop = self._loops[prepared.slot.base_model] = SamplerLoop(sampler)
-        future = loop.submit_valid(prepared.valid)
+        future = loop.submit_valid(prepared.valid, progress)
         self._in_flight += 1
         future.add_done_callback(lambda f: self._finish(f, done))
 

@@ -21,7 +21,12 @@ from contextlib import contextmanager
 
 import torch
 
-from tinker_local.engine.models.attention_masks import column_window, model_attention_mask
+from tinker_local.engine.models.attention_masks import (
+    column_window,
+    model_attention_mask,
+    recurrent_layer_indices,
+)
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.llama_decode import LlamaDecoder
@@ -53,8 +58,9 @@ def _cache_keyword(model: torch.nn.Module) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, vision: VisionModel | None = None):
         self.model = model
+        self.vision = vision  # a vision-language model's image side (prefill with images)
         self.is_peft = _is_peft(model)
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -63,6 +69,8 @@ class ModelRunner:
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self.text_config = text_config
+        # Linear-attention layers (hybrid models): a per-row state in the cache, not KV.
+        self.recurrent_layers = recurrent_layer_indices(text_config)
         self.activation_dtype = model.get_input_embeddings().weight.dtype
         self.cache_keyword = _cache_keyword(model.get_base_model() if self.is_peft else model)
         self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
@@ -76,6 +84,10 @@ class ModelRunner:
         self.use_bare_decode = True
         self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
 
+    def new_cache(self, width: int) -> SlotCache:
+        """An empty cache of `width` columns for this model's layers."""
+        return SlotCache(self.num_layers, width, self.recurrent_layers)
+
     def limits(self) -> ModelLimits:
         adapters: frozenset[str] = frozenset()
         if self.is_peft:
@@ -85,6 +97,7 @@ class ModelRunner:
             max_context=self.max_context,
             adapters=adapters,
             has_adapters=self.is_peft,
+            image_token_id=None if self.vision is None else self.vision.image_token_id,
         )
 
     @contextmanager
@@ -124,8 +137,11 @@ class ModelRunner:
         cache: SlotCache,
         adapters: list[str | None],
         all_positions: bool = False,
+        vision_inputs: dict | None = None,
     ) -> torch.Tensor:
-        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions."""
+        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions.
+        `vision_inputs`: a prefill's pixel values and multimodal positions (`position_ids` is
+        then [4, B, T])."""
         kwargs = {}
         if self._plan is not None:
             self._plan.set(adapters, self.device)
@@ -145,11 +161,16 @@ class ModelRunner:
             logits_to_keep=0 if all_positions else 1,
             **{self.cache_keyword: cache},
             **kwargs,
+            **(vision_inputs or {}),
         )
         logits = out.logits.float()
         return logits if all_positions else logits[:, -1]
 
     def _model_mask(self, visible: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """`visible` ([B, 1, Q, K] bool, queries in the last Q columns) as the model reads it."""
-        within = column_window(visible.shape[-2], visible.shape[-1], visible.device)
-        return model_attention_mask(self.text_config, visible, within, self.activation_dtype)
+        queries, keys = visible.shape[-2], visible.shape[-1]
+        within = column_window(queries, keys, visible.device)
+        # A query is a real token iff the last query (always real) may attend to its column.
+        real = visible[:, 0, -1, keys - queries :]
+        return model_attention_mask(self.text_config, visible, within, self.activation_dtype,
+                                    real_queries=real)

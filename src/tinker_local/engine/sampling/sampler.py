@@ -10,7 +10,9 @@ How it works: one prefill per distinct (prompt, adapter) — `num_samples` and i
 share it — then all rows decode together, one token per step, against a pre-allocated
 left-padded KV cache with per-row positions; rows leave the batch as soon as they finish.
 `SamplerLoop` exposes the same machinery step by step: requests submitted while a batch is
-decoding join it at the next step (continuous batching).
+decoding join it at the next step (continuous batching). A request submitted with a `progress`
+callback (the contract's `SampleProgress`) is told its new tokens after every step, and leaves
+the batch as soon as the callback says nobody wants the rest.
 
 The engine does not build `GenRequest`s: its sampling backends (builtin_backend.py) validate
 the contract's `SamplingRequest` with `Sampler.validate` (request, params, peft adapter name)
@@ -35,12 +37,17 @@ Semantics (the hosted Tinker service's):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 from tinker import types
 
+from tinker_local.engine.contract import SampleDelta, SampleProgress
+from tinker_local.engine.errors import EngineError
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import (
     BASE_ADAPTER,
@@ -55,11 +62,23 @@ from tinker_local.engine.sampling.stops import Decoder
 
 __all__ = ["BASE_ADAPTER", "GenRequest", "Sampler", "SamplerLoop", "SamplingError"]
 
+logger = logging.getLogger("tinker_local.engine")
+
+CANCELLED = "the request was cancelled: its reader stopped reading the answer"
+
+
+@dataclass
+class _Stream:
+    """A streaming request's callback and how many tokens of each sample it was told."""
+
+    progress: SampleProgress
+    sent: list[int]
+
 
 class Sampler:
     def __init__(self, model: torch.nn.Module, tokenizer: Decoder | None,
-                 eos_token_ids: Sequence[int]):
-        self.runner = ModelRunner(model)
+                 eos_token_ids: Sequence[int], vision: VisionModel | None = None):
+        self.runner = ModelRunner(model, vision)
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
 
@@ -102,6 +121,7 @@ class SamplerLoop:
         self.sampler = sampler
         self.scheduler = Scheduler(sampler.runner, sampler.tokenizer)
         self._futures: dict[int, tuple[RequestState, Future[types.SampleResponse]]] = {}
+        self._streams: dict[int, _Stream] = {}  # by the same key, for streaming requests
 
     @property
     def idle(self) -> bool:
@@ -111,10 +131,14 @@ class SamplerLoop:
         """Queue a request (validated now: raises `SamplingError`); it joins at the next step."""
         return self.submit_valid(self.sampler.validate_gen(request))
 
-    def submit_valid(self, request: ValidRequest) -> Future[types.SampleResponse]:
+    def submit_valid(
+        self, request: ValidRequest, progress: SampleProgress | None = None
+    ) -> Future[types.SampleResponse]:
         future: Future[types.SampleResponse] = Future()
         state = self.scheduler.add(request)
         self._futures[id(state)] = (state, future)
+        if progress is not None:
+            self._streams[id(state)] = _Stream(progress, [0] * request.num_samples)
         return future
 
     def step(self) -> int:
@@ -129,13 +153,46 @@ class SamplerLoop:
             for _, future in self._futures.values():
                 future.set_exception(error)
             self._futures.clear()
+            self._streams.clear()
             self.scheduler = Scheduler(self.sampler.runner, self.sampler.tokenizer)
             raise
         for state in done:
             _, future = self._futures.pop(id(state))
+            self._streams.pop(id(state), None)  # its last tokens arrive with the response
             assert state.response is not None
             future.set_result(state.response)
+        if self._streams:
+            self._report_progress()
         return len(done)
+
+    def _report_progress(self) -> None:
+        """Tell each streaming request its new tokens; take out those nobody reads any more."""
+        for key, stream in list(self._streams.items()):
+            state, future = self._futures[key]
+            deltas = []
+            for row in state.rows:
+                sent = stream.sent[row.sample_index]
+                if len(row.tokens) > sent:
+                    deltas.append(SampleDelta(
+                        row.sample_index,
+                        tuple(row.tokens[sent:]),
+                        tuple(row.logprobs[sent:]),
+                        tuple(tuple(ids) for ids in row.top_ids[sent:]),
+                        tuple(tuple(lps) for lps in row.top_logprobs[sent:]),
+                    ))
+                    stream.sent[row.sample_index] = len(row.tokens)
+            if not deltas:
+                continue
+            try:
+                wanted = stream.progress(deltas)
+            except Exception:  # a broken reader is a reader gone; the batch goes on
+                logger.exception("a streaming request's progress callback failed")
+                wanted = False
+            if not wanted:
+                with self.sampler.runner.eval_mode():  # the cache is made of inference tensors
+                    self.scheduler.cancel(state)
+                del self._futures[key], self._streams[key]
+                future.set_exception(EngineError(CANCELLED, "user"))
 
     def _drop_removed_adapters(self) -> None:
         """Fail the requests whose adapter left the model since they were submitted (between
@@ -150,6 +207,7 @@ class SamplerLoop:
             return
         for state in self.scheduler.drop_adapters(missing):
             _, future = self._futures.pop(id(state))
+            self._streams.pop(id(state), None)
             future.set_exception(SamplingError(
                 f"adapter {state.request.adapter!r} was removed while sampling "
                 "(its sampler was unloaded)"))

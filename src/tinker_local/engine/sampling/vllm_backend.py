@@ -342,6 +342,8 @@ class VllmSampling:
 
     def _builtin_reason(self, valid: ValidRequest) -> str | None:
         """Why this request must use the built-in sampler, or None when vLLM can sample it."""
+        if valid.images:
+            return "prompts with images are sampled by the built-in sampler (vLLM gets tokens only)"
         if valid.temperature not in VLLM_TEMPERATURES:
             return (
                 "vLLM cannot report the contract's logprobs (log-softmax(logits / T) before "

@@ -27,6 +27,7 @@ from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.lora.row_routing import Route, RowRouting
 from tinker_local.engine.losses import LossFn, PreparedDatum, elementwise_loss
 from tinker_local.engine.losses.custom import CompiledLoss
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.training.logprobs import (
     OutputRequest,
     Sequence,
@@ -35,7 +36,8 @@ from tinker_local.engine.training.logprobs import (
     grouped_sequence_forward,
     plan_micro_batches,
 )
-from tinker_local.engine.training.packing import PackedRow, plan_packed_rows
+from tinker_local.engine.training.packing import PackedRow, prefix_packing_supported
+from tinker_local.engine.training.vision_rows import plan_rows
 
 
 @dataclass
@@ -116,18 +118,20 @@ def run_training_calls(
     forward_only: bool,
     token_budget: int,
     checkpoint_activations: bool,
+    vision: VisionModel | None = None,
 ) -> list[types.ForwardBackwardOutput]:
     """Run every call in one pass (each model at most once); gradients accumulate into each
     model's own parameters unless `forward_only`. All or nothing: if anything fails, every
-    model's gradients are put back as they were and the exception propagates.
+    model's gradients are put back as they were and the exception propagates. `vision`: the
+    base's image side, for datums with images (`vision_rows.py`).
 
     Plan the rows, then per micro-batch: one forward, each datum's outputs and loss, one
     backward."""
     keys = [call.adapter_key for call in calls]
     if len(set(keys)) != len(keys):
         raise ValueError("each model may appear once in a training pass")
-    sequences = [[Sequence(d.tokens, d.targets) for d in call.data] for call in calls]
-    rows = _plan_rows(sequences, token_budget)
+    sequences = [[Sequence(d.tokens, d.targets, d.images) for d in call.data] for call in calls]
+    rows = _plan_rows(sequences, token_budget, share_prefixes=prefix_packing_supported(pool.model))
     results = [_CallResult([{} for _ in call.data]) for call in calls]
     with (
         _gradients_put_back_on_failure(calls, forward_only),
@@ -143,7 +147,7 @@ def run_training_calls(
             with routing.using(route) if routing is not None else contextlib.nullcontext():
                 computed = grouped_sequence_forward(
                     model, [sequences[c][d] for c, d in batch.members], requests,
-                    rows=batch.packed,
+                    rows=batch.packed, vision=vision,
                 )
                 call_losses = _collect(calls, batch, computed, results)
                 if not forward_only:
@@ -182,14 +186,17 @@ def _adapters(
             yield pool.model, routing
 
 
-def _plan_rows(sequences: list[list[Sequence]], token_budget: int) -> list[_Row]:
-    """Each call's datums packed into rows (shared prefixes within a call only)."""
+def _plan_rows(
+    sequences: list[list[Sequence]], token_budget: int, *, share_prefixes: bool
+) -> list[_Row]:
+    """Each call's datums packed into rows (shared prefixes within a call only, and none on a
+    hybrid model; a datum with images gets a row of its own: `vision_rows.plan_rows`)."""
     rows = []
     for call_index, call_sequences in enumerate(sequences):
         lengths = [int(s.tokens.shape[0]) for s in call_sequences]
-        planned = plan_packed_rows(
-            [s.tokens for s in call_sequences], widths=[s.width for s in call_sequences],
-            max_row_tokens=token_budget,
+        planned = plan_rows(
+            [s.tokens for s in call_sequences], [s.images for s in call_sequences],
+            [s.width for s in call_sequences], token_budget, share_prefixes=share_prefixes,
         )
         rows.extend(_Row(call_index, packed, packed.length(lengths)) for packed in planned)
     return rows

@@ -27,8 +27,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tinker_local.engine.contract.image_chunks import ImageSlot
 from tinker_local.engine.models.attention_masks import model_attention_mask, position_window
+from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.training.packing import PackedRow, build_packed_batch
+from tinker_local.engine.training.vision_rows import body_inputs, text_logprobs
 
 # Float32 logits elements computed at once (per chunk of positions): 32M elements = 128 MiB.
 LOGITS_CHUNK_ELEMENTS = 1 << 25
@@ -38,10 +41,12 @@ DEFAULT_TOKEN_BUDGET = 4096
 
 @dataclass(frozen=True)
 class Sequence:
-    """One datum's input tokens and the target token(s) each position predicts."""
+    """One datum's input tokens and the target token(s) each position predicts; for a vision
+    model, its images (`tokens` holds the image placeholder id at their positions)."""
 
     tokens: torch.Tensor  # [L] int64
     targets: torch.Tensor  # [L] or [L, K] int64
+    images: tuple[ImageSlot, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 1 or self.targets.ndim not in (1, 2):
@@ -231,10 +236,12 @@ def grouped_sequence_forward(
     rows: list[PackedRow] | None = None,
     pad_token_id: int = 0,
     chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+    vision: VisionModel | None = None,
 ) -> list[SequenceOutputs]:
     """One body pass over all `rows`, then each request's outputs from its own sequences'
     hidden states. Every sequence belongs to exactly one request, and a packed row's members
-    to the same one (a prefix is shared only within a model)."""
+    to the same one (a prefix is shared only within a model). Sequences with images need the
+    model's `vision` and rows of their own (`vision_rows.plan_rows`)."""
     if not sequences:
         return []
     rows = rows or [PackedRow((i,), 0) for i in range(len(sequences))]
@@ -258,13 +265,14 @@ def grouped_sequence_forward(
     mask = None
     if batch.attention_mask is not None:
         dtype = parts.body.get_input_embeddings().weight.dtype
-        mask = model_attention_mask(parts.body.config, batch.attention_mask.to(device),
+        mask = model_attention_mask(parts.body.config.get_text_config(),
+                                    batch.attention_mask.to(device),
                                     position_window(position_ids), dtype)
     hidden = parts.body(
         input_ids=batch.input_ids.to(device),
-        position_ids=position_ids,
         attention_mask=mask,
         use_cache=False,
+        **body_inputs(vision, batch, rows, [s.images for s in sequences], device),
     ).last_hidden_state
 
     # Pieces of hidden states with their targets: a shared prefix once, with every member's
@@ -334,7 +342,7 @@ def grouped_sequence_forward(
                 ent_pieces.append(computed[suffix_piece[m]][:, -1])
                 if request.logprobs:
                     lp = torch.cat(lp_pieces)
-                    lp = lp if seq.targets.ndim == 2 else lp.squeeze(-1)
+                    lp = text_logprobs(lp if seq.targets.ndim == 2 else lp.squeeze(-1), seq.images)
                 if request.entropy:
                     ent = torch.cat(ent_pieces)
             results[m] = SequenceOutputs(lp, values.get(m), ent)

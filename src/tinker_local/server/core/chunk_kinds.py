@@ -1,8 +1,8 @@
 """What a non-text model input chunk is, for the 4xx that refuses it.
 
-tinker-local serves text-only models, so image, image-asset-pointer and audio (dmel) chunks are
-refused, in training (forward_backward) and in sampling, with a message that names the chunk
-type and the model.
+Audio (dmel) chunks are refused for every model, and image and image-asset-pointer chunks for a
+text-only model (vision models take them: server/core/image_inputs.py), in training
+(forward_backward) and in sampling, with a message that names the chunk type and the model.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ between other jobs: after each job the worker runs it until a job is waiting and
 lasted `sample_slice_s` (at least one step), then runs that job, then samples again. So a long
 sample neither blocks training (`forward_backward` of another client waits at most about one
 slice) nor makes later sample requests wait for it to end. Stopping the worker fails requests
-still sampling.
+still sampling. A streamed request (the compatible inference APIs, server/inference/) also
+carries a progress callback, which a `contract.StreamingSampling` backend calls on this thread
+after each step; it returns False once its reader left, and the request leaves the batch.
 
 Training jobs of different models may run together. A job submitted with a `Batchable` (a
 forward_backward) takes with it the later queued jobs of the same batch kind, one per model,
@@ -54,9 +56,13 @@ from tinker_local.engine.contract import (
     LossInputs,
     SampleDone,
     SampleOutcome,
+    SampleProgress,
     SamplingBackend,
     SamplingRequest,
     StatusReporting,
+    StreamingSampling,
+    TextCodec,
+    TextCodecs,
 )
 
 logger = logging.getLogger("tinker_local.server")
@@ -104,6 +110,8 @@ class _Queued(Generic[T]):
 class _SampleJob:
     request: SamplingRequest
     done: SampleDone  # the backend's outcome for this request, relayed as it is
+    # Streaming: told each step's new tokens (when the backend can); False takes it out.
+    progress: SampleProgress | None = None
 
 
 class EngineWorker:
@@ -175,11 +183,26 @@ class EngineWorker:
         it runs alone)."""
         self._enqueue(_Queued(fn, done, model, batchable))
 
-    def submit_sample(self, request: SamplingRequest, done: SampleDone) -> None:
+    def submit_sample(
+        self,
+        request: SamplingRequest,
+        done: SampleDone,
+        progress: SampleProgress | None = None,
+    ) -> None:
         """Hand `request` to the engine's sampling backend; `done(outcome)` is called once
         with its response or the exception that failed it (the backend's own callback, or the
-        worker's when it stops or the engine faults first)."""
-        self._enqueue(_SampleJob(request, done))
+        worker's when it stops or the engine faults first). `progress`: see
+        `contract.SampleProgress` (called on the engine thread); a backend that is not a
+        `StreamingSampling` never calls it."""
+        self._enqueue(_SampleJob(request, done, progress))
+
+    def text_codec(self, base_model: str) -> TextCodec | None:
+        """The engine's codec for `base_model` (`contract.TextCodecs`, which any thread may
+        call), or None when the engine has none (or is not built yet)."""
+        engine = self._engine
+        if not isinstance(engine, TextCodecs):
+            return None
+        return engine.text_codec(base_model)
 
     def fail(self, message: str) -> None:
         """The engine can no longer serve: fail every job (running, queued, sampling) with
@@ -276,7 +299,11 @@ class EngineWorker:
         for job in jobs:
             self._sampling_jobs.add(job)
             try:
-                self._sampling.submit(job.request, lambda outcome, job=job: self._answer(job, outcome))
+                done = functools.partial(self._answer, job)
+                if job.progress is not None and isinstance(self._sampling, StreamingSampling):
+                    self._sampling.submit_streaming(job.request, done, job.progress)
+                else:
+                    self._sampling.submit(job.request, done)
             except Exception as exc:  # noqa: BLE001 - this request only
                 self._answer(job, exc)
         if jobs:

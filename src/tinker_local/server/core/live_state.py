@@ -86,6 +86,8 @@ class TrainingModel:
     creation_error: str | None = None
     # Known once created (None if the engine did not say): token ids are checked against it.
     vocab_size: int | None = None
+    # Known with vocab_size: a vision model's image placeholder id (None: a text model).
+    image_token_id: int | None = None
     # The optimizer family (contract.OPTIMIZERS) chosen at creation: optim_step params must match.
     optimizer: str = "adamw"
     # seq_id -> the 4xx message of a request refused before queueing, so a retry of it gets

@@ -18,6 +18,7 @@ from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 
+from tinker_local.engine.contract.image_chunks import IMAGE_FORMATS
 from tinker_local.server.core import chunk_kinds
 from tinker_local.server.core.errors import ApiError, UserError
 
@@ -106,6 +107,9 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
     chunks = []
     for c, chunk in enumerate(msg.model_input):
         kind = chunk.WhichOneof("chunk")
+        if kind == "image":
+            chunks.append(_image_from_proto(f"datum {index}: model_input chunk {c}", chunk.image))
+            continue
         if kind != "encoded_text":
             raise NonTextChunk(f"datum {index}: model_input chunk {c}", kind)
         raw = chunk.encoded_text.tokens
@@ -135,6 +139,19 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
         model_input_spans=model_input_spans,
         loss_fn_input_spans=loss_fn_input_spans,
     )
+
+
+def _image_from_proto(where: str, image: pb.ImageChunk) -> types.ImageChunk:
+    """An image chunk as sent; whether the model takes images, whether the bytes are an image
+    and how many tokens it makes are checked later, against the model (image_inputs.py)."""
+    if image.HasField("override_dimensions"):
+        raise UserError(f"{where}: override_dimensions is not supported; send the image as is")
+    if image.format not in IMAGE_FORMATS:
+        raise UserError(f"{where}: image format {image.format!r} is not one of "
+                        f"{list(IMAGE_FORMATS)}")
+    expected = int(image.expected_tokens) if image.HasField("expected_tokens") else None
+    return types.ImageChunk.model_construct(
+        data=image.data, format=image.format, expected_tokens=expected, type="image")
 
 
 def _spans_from_proto(index: int, name: str, spans: Any) -> types.ProvenanceSpans | None:

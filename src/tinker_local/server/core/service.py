@@ -98,6 +98,9 @@ class ServerSettings:
     # Stability records (stable_reinforce) are kept this long after their last use (one day,
     # as on the hosted service); see server/training/sampler_records.py.
     stability_keep_s: float = 24 * 3600.0
+    # Folders an ImageAssetPointerChunk may name a file in (`serve --image-dir`, resolved);
+    # empty: asset pointers are refused (see server/core/image_inputs.py).
+    image_dirs: tuple[Path, ...] = ()
 
     def client_config_answer(self) -> dict[str, Any]:
         return {**DEFAULT_CLIENT_CONFIG, **self.client_config}

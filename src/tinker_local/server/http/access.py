@@ -6,6 +6,10 @@
   to resolve to 127.0.0.1 (DNS rebinding) would otherwise be a loopback client with no key.
 - Each key is an *owner* (`server/core/owners.py`): everything a request makes belongs to it.
 - Request bodies larger than `max_body_bytes` get a 413.
+- The OpenAI- and Anthropic-compatible APIs (`/oai/api/`, `/anthropic/api/`) are API paths
+  too, with the same keys: their clients send the key as `Authorization: Bearer KEY` (OpenAI)
+  or `x-api-key` (Anthropic), and both are read there. Their refusals take those APIs' error
+  shapes (`refusal_body`).
 - The web console (every path outside `/api/`, see `server/console/`) also takes the owner from
   its login cookie, which names an owner and is signed by the server; a console page asked for
   without a key or cookie redirects to the login form. The cookie is never accepted on `/api/`.
@@ -32,6 +36,9 @@ OPEN_PATHS = frozenset({"/api/v1/healthz"})
 # credential, as for the hosted service's signed URLs (a plain GET, no key).
 SIGNED_PREFIX = "/api/v1/signed/"
 API_PREFIX = "/api/"
+# The compatible inference APIs (server/inference/): keys as on /api/, never the console cookie.
+COMPATIBLE_PREFIXES = ("/oai/api/", "/anthropic/api/")
+API_PREFIXES = (API_PREFIX, *COMPATIBLE_PREFIXES)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -94,10 +101,18 @@ def _rebindable_host_name(scope: Scope) -> str | None:
 INVALID_TOKEN = 'Bearer error="invalid_token"'
 
 
+# The body of a refusal on a path, when that path's API has its own error shape (else None).
+RefusalBody = Callable[[str, int, str], dict[str, Any] | None]
+
+
 async def _refuse(
-    send: Send, status: int, message: str, headers: dict[str, str] | None = None
+    send: Send,
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    shaped: dict[str, Any] | None = None,
 ) -> None:
-    body = json.dumps({"error": message, "detail": message}).encode()
+    body = json.dumps(shaped or {"error": message, "detail": message}).encode()
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
@@ -167,6 +182,7 @@ class AccessMiddleware:
         max_body_bytes: Callable[[], int],
         token_owner: Callable[[str], str | None] = lambda _token: None,
         cookie_owner: Callable[[str], str | None] = lambda _cookie: None,
+        refusal_body: RefusalBody = lambda _path, _status, _message: None,
     ) -> None:
         self.app = app
         self._keys = keys
@@ -175,6 +191,7 @@ class AccessMiddleware:
         self._token_owner = token_owner
         # The owner named by a valid console login cookie (console/auth.py), or None.
         self._cookie_owner = cookie_owner
+        self._refusal_body = refusal_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -184,14 +201,17 @@ class AccessMiddleware:
         if isinstance(owner, NotLoggedIn) and scope.get("method") in ("GET", "HEAD"):
             await _redirect_to_login(scope, send)
             return
+        path = scope.get("path") or ""
         if isinstance(owner, ApiError):
-            await _refuse(send, owner.status, owner.message, owner.headers)
+            shaped = self._refusal_body(path, owner.status, owner.message)
+            await _refuse(send, owner.status, owner.message, owner.headers, shaped)
             return
         limit = self._max_body_bytes()
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _refuse(send, 413, BodyTooLarge(limit).message)
+            message = BodyTooLarge(limit).message
+            await _refuse(send, 413, message, shaped=self._refusal_body(path, 413, message))
             return
         token = set_owner(owner)
         try:
@@ -222,9 +242,13 @@ class AccessMiddleware:
         path = scope.get("path") or ""
         if path in OPEN_PATHS or path.startswith(SIGNED_PREFIX):
             return LOCAL_OWNER
-        console = not path.startswith(API_PREFIX)
+        console = not path.startswith(API_PREFIXES)
         if console and (path == CONSOLE_LOGIN or path.startswith(CONSOLE_STATIC)):
             return LOCAL_OWNER  # the login form itself checks the key it is given
+        compatible = path.startswith(COMPATIBLE_PREFIXES)
+        bearer = _bearer(scope) if compatible else None
+        if bearer is not None and bearer in keys:
+            return owner_of_key(bearer)
         for name, value in scope.get("headers") or []:
             if name == b"x-api-key":
                 key = value.decode("latin-1")
@@ -247,7 +271,23 @@ class AccessMiddleware:
             if owner is not None and owner in {owner_of_key(k) for k in keys}:
                 return owner
             return NotLoggedIn()
+        if bearer is not None:
+            return ApiError(401, "the key in Authorization: Bearer is not a key this "
+                            "tinker-local server accepts")
+        if compatible:
+            return ApiError(401, "this tinker-local server needs an API key (Authorization: "
+                            "Bearer KEY, or x-api-key: KEY)")
         return ApiError(401, "this tinker-local server needs an X-API-Key header")
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The credential of an `Authorization: Bearer ...` header (the OpenAI client's key)."""
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization":
+            scheme, _, credential = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and credential.strip():
+                return credential.strip()
+    return None
 
 
 def _limited(receive: Receive, limit: int) -> Receive:

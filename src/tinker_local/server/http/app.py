@@ -2,7 +2,8 @@
 
 Routes only parse and answer; what a call does lives in `server/training/model_calls.py`, `sampling.py` and
 `sessions.py`. The RestClient's routes (runs, checkpoints, sessions, usage) are in
-`rest_routes.py`, the web console's in `console/`. JSON bodies are validated with the SDK's own request types. Every refusal is a
+`rest_routes.py`, the web console's in `console/`, the OpenAI- and Anthropic-compatible
+inference APIs' in `server/inference/` (whose refusals take those APIs' error shapes). JSON bodies are validated with the SDK's own request types. Every refusal is a
 4xx with a JSON body `{"error": ..., "detail": ...}` naming the problem.
 """
 
@@ -30,8 +31,16 @@ from tinker_local.server.core.service import Service
 from tinker_local.server.http import rest_routes
 from tinker_local.server.http.access import AccessMiddleware
 from tinker_local.server.http.bodies import parse_body
+from tinker_local.server.inference import anthropic_routes, openai_routes
+from tinker_local.server.inference.errors import error_body
 from tinker_local.server.sampling import restore_samplers, sample_calls
-from tinker_local.server.training import custom_losses, external_weights, model_calls, weights
+from tinker_local.server.training import (
+    custom_losses,
+    external_weights,
+    image_requests,
+    model_calls,
+    weights,
+)
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -39,8 +48,19 @@ logger = logging.getLogger("tinker_local.server")
 _DECODE_INLINE_BYTES = 256 * 1024
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "detail": message}, status_code=status, headers=headers)
+def _error(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    request: Request | None = None,
+    exc: BaseException | None = None,
+) -> JSONResponse:
+    """A refusal: the SDK's `{"error", "detail"}`, or the compatible APIs' own shapes on their
+    paths (server/inference/errors.py)."""
+    body = None if request is None else error_body(request.url.path, status, message, exc)
+    if body is None:
+        body = {"error": message, "detail": message}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _future_answer(record: FutureRecord, model_id: str | None = None) -> dict[str, Any]:
@@ -78,13 +98,13 @@ def create_app(svc: Service) -> FastAPI:
     app.state.service = svc
 
     @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.headers)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.headers, request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error(exc.status_code, message)
+        return _error(exc.status_code, message, request=request)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_parameters(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -92,7 +112,9 @@ def create_app(svc: Service) -> FastAPI:
         for err in exc.errors()[:5]:
             where = ".".join(str(p) for p in err.get("loc", ())) or "request"
             parts.append(f"{where}: {err.get('msg')}")
-        return _error(400, f"{request.url.path}: invalid parameters: {'; '.join(parts)}")
+        return _error(
+            400, f"{request.url.path}: invalid parameters: {'; '.join(parts)}", request=request
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -100,7 +122,7 @@ def create_app(svc: Service) -> FastAPI:
         # so a deterministic failure would look like a hang. Fail at once, and say so.
         logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         message = f"tinker-local server error in {request.url.path}: {type(exc).__name__}: {exc}"
-        return _error(400, message + " (details in the server log)")
+        return _error(400, message + " (details in the server log)", request=request)
 
     app.add_middleware(
         AccessMiddleware,
@@ -108,6 +130,7 @@ def create_app(svc: Service) -> FastAPI:
         max_body_bytes=lambda: svc.settings.max_body_bytes,
         token_owner=lambda token: auth_tokens.owner_of(svc.signer, token),
         cookie_owner=lambda cookie: cookie_owner(svc.signer, cookie),
+        refusal_body=error_body,
     )
     # The web console at / (its pages, its one API call, its static files): server/console/.
     install_console(app, svc)
@@ -199,8 +222,11 @@ def create_app(svc: Service) -> FastAPI:
         if isinstance(data, protobuf.NonTextChunk):
             known = svc.state.models.get(msg.model_id)
             data = data.for_model(known.base_model if known is not None else msg.model_id)
+        # Images: counted and checked against the model (a refusal still takes the seq_id).
+        data = await image_requests.counted_datums(svc, msg.model_id, data)
         record = model_calls.forward_backward(svc, msg, data)
-        tokens = 0 if isinstance(data, Exception) else sum(d.model_input.length for d in data)
+        tokens = 0 if isinstance(data, Exception) else sum(
+            image_requests.traced_length(d.model_input) for d in data)
         kind = "forward" if msg.forward_only else "forward_backward"
         _trace(svc, msg.model_id, kind, record, {"training": tokens})
         return _future_answer(record, msg.model_id)
@@ -264,7 +290,10 @@ def create_app(svc: Service) -> FastAPI:
         req = await parse_body(request, types.SampleRequest, "asample")
         # A sampler made before a restart is loaded again first (or answers 410).
         await restore_samplers.ensure_sampler(svc, req.sampling_session_id)
-        return sample_calls.asample(svc, req)
+        sampler = svc.state.sampler(req.sampling_session_id) if req.sampling_session_id else None
+        prompt = None if sampler is None else await image_requests.sample_prompt(
+            svc, sampler.base_model, req.prompt)
+        return sample_calls.asample(svc, req, prompt)
 
     @app.post("/api/v1/join_sampling_session")
     async def join_sampling_session(request: Request) -> dict[str, Any]:
@@ -275,6 +304,11 @@ def create_app(svc: Service) -> FastAPI:
     # -- RestClient: training runs, checkpoints, sessions, usage (rest_routes.py) -------------
 
     app.include_router(rest_routes.router(svc))
+
+    # -- the OpenAI- and Anthropic-compatible inference APIs (server/inference/) ---------------
+
+    app.include_router(openai_routes.router(svc))
+    app.include_router(anthropic_routes.router(svc))
 
     # -- futures --------------------------------------------------------------------------------
 

@@ -16,9 +16,11 @@ from tinker import types
 from tinker_local.engine.contract import (
     MAX_PROMPT_ALT_TOKENS_K,
     Engine,
+    ImageSlot,
     SampleOutcome,
     SamplingRequest,
 )
+from tinker_local.engine.contract.image_chunks import InputLayout
 from tinker_local.server.core import chunk_kinds, limits, protobuf, tinker_paths
 from tinker_local.server.core.errors import ApiError, error_message
 from tinker_local.server.core.futures import PROTOBUF, WireResult, failure_result
@@ -131,7 +133,11 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
             )
 
 
-def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
+def asample(
+    svc: Service, req: types.SampleRequest, prompt_layout: InputLayout | None = None
+) -> dict[str, Any]:
+    """`prompt_layout`: the prompt as `image_requests.sample_prompt` checked it (its images
+    counted and checked against the model); None for a prompt of token chunks only."""
     if req.sampling_session_id is None or req.seq_id is None:
         raise ApiError(
             400, "asample needs sampling_session_id and seq_id (create a SamplingClient first)"
@@ -140,7 +146,11 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
     known = sampler.answers_by_seq.get(req.seq_id)
     if known is not None and svc.futures.get(known["request_id"]) is not None:
         return known  # a retry of a sample we already have
-    prompt = _prompt_tokens(req.prompt, sampler.base_model)
+    if prompt_layout is None:
+        prompt = _prompt_tokens(req.prompt, sampler.base_model)
+        images: tuple[ImageSlot, ...] = ()
+    else:
+        prompt, images = list(prompt_layout.tokens), prompt_layout.images
     _check_sample_request(req, prompt)
     targets = prompt_targets.from_request(req.target_prompt_logprobs, len(prompt))
     limits.check_sample_length(svc, len(prompt), req.sampling_params)
@@ -155,6 +165,7 @@ def asample(svc: Service, req: types.SampleRequest) -> dict[str, Any]:
         topk_sample_logprobs=req.topk_sample_logprobs,
         target_prompt_logprobs=targets,
         prompt_alt_tokens_k=req.prompt_alt_tokens_k,
+        images=images,
     )
     num_samples, last_n = req.num_samples, req.prompt_logprobs_last_n
     sequence_ids = [f"{sampler.sampler_id}:{req.seq_id}:{i}" for i in range(req.num_samples)]

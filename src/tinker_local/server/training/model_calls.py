@@ -22,6 +22,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker_local.config import (
     LORA_ALPHA_METADATA_KEY,
     LORA_DROPOUT_METADATA_KEY,
+    LORA_VISION_METADATA_KEY,
     VALUE_HEAD_METADATA_KEY,
 )
 from tinker_local.engine.contract import (
@@ -31,6 +32,7 @@ from tinker_local.engine.contract import (
     ForwardBackwardCall,
     LoraSpec,
     ModelInfo,
+    VisionModels,
     datum_checks,
 )
 from tinker_local.server.core import limits, protobuf
@@ -94,8 +96,8 @@ def _metadata_number(metadata: Mapping[str, Any], key: str) -> float | None:
 
 
 def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSpec:
-    """`spec` with the alpha and dropout that `metadata` asks for (tinker-local extension);
-    a bad value is a 400 that names its key."""
+    """`spec` with the alpha, dropout and vision-tower coverage that `metadata` asks for
+    (tinker-local extension); a bad value is a 400 that names its key."""
     metadata = metadata or {}
     alpha = _metadata_number(metadata, LORA_ALPHA_METADATA_KEY)
     dropout = _metadata_number(metadata, LORA_DROPOUT_METADATA_KEY)
@@ -105,6 +107,14 @@ def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSp
         raise ApiError(
             400, f"user_metadata[{LORA_DROPOUT_METADATA_KEY!r}] must be in [0, 1), got {dropout}"
         )
+    vision = metadata.get(LORA_VISION_METADATA_KEY)
+    if vision is not None:
+        flag = str(vision).strip().lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise ApiError(
+                400, f"user_metadata[{LORA_VISION_METADATA_KEY!r}] must be 'true' or 'false', "
+                f"got {vision!r}")
+        spec = dataclasses.replace(spec, train_vision=flag in ("true", "1"))
     if alpha is not None:
         spec = dataclasses.replace(spec, alpha=alpha)
     if dropout is not None:
@@ -220,6 +230,15 @@ def register_model(
     return model, True
 
 
+def _image_token_id(engine: Engine, base_model: str) -> int | None:
+    """`base_model`'s image placeholder id; None for a text model (or an engine without
+    vision models). Runs on the worker (the model is loaded by then)."""
+    if not isinstance(engine, VisionModels):
+        return None
+    geometry = engine.image_geometry(base_model)
+    return None if geometry is None else geometry.image_token_id
+
+
 def start_creation(
     svc: Service,
     model: TrainingModel,
@@ -228,13 +247,17 @@ def start_creation(
 ) -> FutureRecord:
     """Run the creation job; then resolve `model.ready` (info body, or None on failure) and
     the creation future."""
-    job = svc.worker.submit(job_fn)
+    def created(engine: Engine) -> tuple[ModelInfo, int | None]:
+        info = job_fn(engine)
+        return info, _image_token_id(engine, info.base_model)
+
+    job = svc.worker.submit(created)
 
     async def finish() -> None:
         try:
-            info = await asyncio.wrap_future(job)
+            info, image_token_id = await asyncio.wrap_future(job)
             model.base_model = info.base_model
-            model.vocab_size = info.vocab_size
+            model.vocab_size, model.image_token_id = info.vocab_size, image_token_id
             body = _info_body(model, info)
         except Exception as exc:  # noqa: BLE001 - becomes the creation future's error
             if model.creation_error is None:
@@ -345,7 +368,8 @@ def forward_backward(
             call = _checked_call(svc, model, msg, data)
         except EngineError as exc:  # what the contract's checks refuse: this request's 4xx
             raise UserError(exc.message) from None
-        # Token ids wait for the vocabulary when the model's creation had not answered yet.
+        # Token ids (and which chunks the model takes) wait for the model when its creation
+        # had not answered yet.
         job = ForwardBackwardJob(model, call, check_token_ids=model.vocab_size is None)
         return Job(job.run, Batchable("forward_backward", job, run_forward_backward_jobs))
 
@@ -364,8 +388,8 @@ def _checked_call(
     """The engine call for a request, checked (engine/contract/datum_checks.py) before it is
     queued: the engine trusts it."""
     spec = datum_checks.loss_spec(msg.loss_fn, svc.loss_inputs)
-    limits.check_datum_lengths(svc, data)
-    datum_checks.check_data(data, spec, model.vocab_size)
+    datum_checks.check_data(data, spec, model.vocab_size, model.image_token_id)
+    limits.check_datum_lengths(svc, data)  # after the check: every image's tokens are counted
     config = protobuf.loss_fn_config_from_proto(msg)
     behavior, custom_loss = None, None
     if spec.behavior:
@@ -385,7 +409,7 @@ def _checked_call(
 class ForwardBackwardJob:
     """A forward_backward on the worker: alone (`run`), or with other models' jobs in one
     `engine.forward_backward_many` (`run_forward_backward_jobs`). `check_token_ids`: the call's
-    token ids are still to be checked, against the vocabulary the engine gives the model."""
+    token ids (and chunks) are still to be checked, against the model the engine made."""
 
     model: TrainingModel
     call: ForwardBackwardCall
@@ -397,8 +421,9 @@ class ForwardBackwardJob:
         check_created(self.model)
         if self.check_token_ids:
             try:
-                vocab_size = engine.model_info(self.model.model_id).vocab_size
-                datum_checks.check_token_ids(self.call.data, vocab_size)
+                info = engine.model_info(self.model.model_id)
+                datum_checks.check_token_ids(
+                    self.call.data, info.vocab_size, _image_token_id(engine, info.base_model))
             except EngineError as exc:
                 raise UserError(exc.message) from None
 
