@@ -73,6 +73,10 @@ def joint_training() -> bool | None:
 # (the update is alpha / rank times B A x) and the dropout on the LoRA input while training.
 LORA_ALPHA_METADATA_KEY = "tinker_local.lora_alpha"
 LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
+# The create_model `user_metadata` key that asks for a value model (LoRA plus a scalar value
+# head, engine/training/value_head.py; also not in hosted Tinker). Here, at the bottom layer,
+# because the server reads it, the engine names it in its errors and rl/ sends it.
+VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
 # "true" puts LoRA on a vision-language model's image encoder too (off: the language model only).
 LORA_VISION_METADATA_KEY = "tinker_local.lora_vision"
 

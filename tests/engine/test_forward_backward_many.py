@@ -136,16 +136,12 @@ def test_joint_pass_equals_separate_calls(token_budget):
             torch.testing.assert_close(j[name], a[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_a_bad_call_fails_alone_and_forward_only_calls_share_a_pass():
+def test_a_refused_call_fails_alone_and_forward_only_calls_share_a_pass():
+    """Calls arrive checked (datum_checks); the engine refuses what depends on its own state:
+    a value loss on a model without a value head, an unknown model."""
     alone, joint = _engine(4096), _engine(4096, batch_models=True)
-    bad = _data("cross_entropy", 9)
-    bad[1] = types.Datum(
-        model_input=bad[1].model_input,
-        loss_fn_inputs={**bad[1].loss_fn_inputs, "target_tokens": types.TensorData.from_numpy(
-            np.full(bad[1].model_input.length, 10**7, dtype=np.int64))},
-    )
     calls = [
-        ForwardBackwardCall("ce", bad, "cross_entropy"),
+        ForwardBackwardCall("ce", _data("value_mse", 9), "value_mse"),
         _call("is", 1),
         ForwardBackwardCall("nobody", _data("cross_entropy", 2), "cross_entropy"),
         _call("ppo", 3),
@@ -153,8 +149,8 @@ def test_a_bad_call_fails_alone_and_forward_only_calls_share_a_pass():
         _call("ce", 5, forward_only=True),
     ]
     got = joint.forward_backward_many(calls)
-    assert isinstance(got[0], EngineError) and "datum 1" in str(got[0])
-    assert "target_tokens" in str(got[0]) and got[0].category == "user"
+    assert isinstance(got[0], EngineError) and "no value head" in str(got[0])
+    assert got[0].category == "user"
     assert isinstance(got[2], EngineError) and "'nobody'" in str(got[2])
     for index in (1, 3, 4, 5):
         _assert_same_output(got[index], alone.forward_backward(calls[index]))

@@ -19,6 +19,7 @@ from tinker.lib.public_interfaces.custom_loss import encode_graph, run_loss_hand
 
 from tinker_local import config
 from tinker_local.engine.contract import Behavior, CustomLoss, ForwardBackwardCall
+from tinker_local.engine.contract.datum_checks import check_forward_backward
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 
 TINY = config.TINY_TEST_MODEL
@@ -224,11 +225,13 @@ def test_custom_loss_inputs_must_have_the_declared_rank(engine):
     vector = types.Datum(model_input=datum.model_input,
                          loss_fn_inputs={"target_tokens": [2, 3, 4],
                                          "scale": np.ones(3, np.float32)})
+    # Refused by the contract's checks, which the server runs before queueing a call.
+    vocab = engine.model_info("m").vocab_size
     with pytest.raises(EngineError, match=r"datum 0: loss_fn_inputs\['scale'\] has rank 1"):
-        engine.forward_backward(ForwardBackwardCall("m", [vector], "custom", custom_loss=loss))
+        check_forward_backward(ForwardBackwardCall("m", [vector], "custom", custom_loss=loss), vocab)
     missing = types.Datum(model_input=datum.model_input, loss_fn_inputs={"target_tokens": [2, 3, 4]})
     with pytest.raises(EngineError, match=r"loss_fn_inputs\['scale'\] is missing"):
-        engine.forward_backward(ForwardBackwardCall("m", [missing], "custom", custom_loss=loss))
+        check_forward_backward(ForwardBackwardCall("m", [missing], "custom", custom_loss=loss), vocab)
 
 
 def _shape_error(logprobs, weights):
@@ -269,8 +272,10 @@ def test_a_failing_custom_loss_names_the_datum_and_node(engine):
     ],
 )
 def test_bad_input_is_refused(engine, loss_fn, data, behavior, expected):
+    """By the contract's checks, which the server runs before it queues a call."""
+    call = ForwardBackwardCall("m", data, loss_fn, behavior=behavior)
     with pytest.raises(EngineError) as raised:
-        engine.forward_backward(ForwardBackwardCall("m", data, loss_fn, behavior=behavior))
+        check_forward_backward(call, engine.model_info("m").vocab_size)
     assert raised.value.category == "user"
     for fragment in expected:
         assert fragment in str(raised.value), (fragment, str(raised.value))

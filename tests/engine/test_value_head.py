@@ -11,12 +11,14 @@ from tinker import types
 
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall, read_checkpoint_meta
+from tinker_local.engine.contract.datum_checks import check_forward_backward
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 from tinker_local.engine.training.logprobs import Sequence, sequence_forward
 from tinker_local.engine.training.packing import PackedRow
 from tinker_local.engine.training.value_head import ValueHead
 
 TINY = config.TINY_TEST_MODEL
+VOCAB = 49152  # the tiny model's (its tokenizer's) vocabulary
 ADAM = types.AdamParams(learning_rate=3e-3, grad_clip_norm=1.0)
 
 
@@ -156,13 +158,14 @@ def test_value_errors(engine):
     with pytest.raises(EngineError, match="not a value head kind"):
         engine.create_model("bad", TINY, LoraSpec(rank=4), value_head="transformer")
     engine.create_model("v-err", TINY, LoraSpec(rank=4, seed=1), value_head="mlp")
+    # Input errors: the contract's checks, which the server runs before queueing a call.
     with pytest.raises(EngineError, match=r"datum 0.*returns.*missing"):
-        engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2])], "value_mse", None, False))
+        check_forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2])], "value_mse", None, False), VOCAB)
     # Reading values needs no returns, and its loss is 0.
     out = engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2])], "value_mse", None, True))
     assert out.metrics["loss:sum"] == 0.0 and out.loss_fn_outputs[0]["values"].to_numpy().shape == (6,)
     with pytest.raises(EngineError, match=r"returns.*shape"):
-        engine.forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2], [1.0, 2.0])], "value_mse", None, True))
+        check_forward_backward(ForwardBackwardCall("v-err", [_value_datum(SEQS[2], [1.0, 2.0])], "value_mse", None, True), VOCAB)
     engine.unload_model("plain")
     engine.unload_model("v-err")
 
@@ -198,9 +201,9 @@ def test_ppo_entropy_bonus(engine):
     )
     np.testing.assert_allclose(diff, -coef * np.asarray(weights) * entropy, rtol=1e-5, atol=1e-6)
     with pytest.raises(EngineError, match=r"weights.*missing"):
-        engine.forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens)], "ppo", {"entropy_coef": 0.1}, False))
+        check_forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens)], "ppo", {"entropy_coef": 0.1}, False), VOCAB)
     with pytest.raises(EngineError, match="entropy_coef"):
-        engine.forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": -1}, False))
+        check_forward_backward(ForwardBackwardCall("ent", [_ppo_datum(tokens, weights)], "ppo", {"entropy_coef": -1}, False), VOCAB)
     # Make the weighted positions peaked with cross-entropy, then the bonus alone flattens them.
     ce = types.Datum(
         model_input=types.ModelInput.from_ints(tokens),

@@ -73,3 +73,88 @@ def test_samplers_of_open_sessions_are_restorable_with_their_kind(tmp_path: Path
         "s1:sample:9": None,  # unknown: may have been a snapshot, so it answers 410
     }
     assert state.restorable_samplers["s1:sample:1"].model_path == "tinker://r/sampler_weights/x"
+
+
+# Every table as one script, as stores were written before each feature created its own tables
+# (audit_log.py, sampler_records.py, custom_losses.py).
+_ONE_SCRIPT_SCHEMA = """
+CREATE TABLE sessions (session_id TEXT PRIMARY KEY, owner TEXT NOT NULL, user_metadata TEXT,
+    created_at REAL NOT NULL, finished TEXT);
+CREATE TABLE models (model_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    base_model TEXT NOT NULL, lora_rank INTEGER, user_metadata TEXT, created_at REAL NOT NULL);
+CREATE TABLE samplers (sampler_id TEXT PRIMARY KEY, session_id TEXT NOT NULL,
+    owner TEXT NOT NULL, base_model TEXT NOT NULL, model_path TEXT, created_at REAL NOT NULL,
+    kind TEXT);
+CREATE TABLE futures (request_id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL,
+    state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
+CREATE TABLE audit (owner TEXT NOT NULL, event TEXT NOT NULL, details TEXT NOT NULL,
+    time REAL NOT NULL);
+CREATE INDEX audit_owner_time ON audit (owner, time);
+CREATE TABLE sequence_records (sequence_id TEXT PRIMARY KEY, session_id TEXT NOT NULL,
+    owner TEXT NOT NULL, sampler_id TEXT NOT NULL, weights TEXT NOT NULL, prompt BLOB NOT NULL,
+    tokens BLOB NOT NULL, logprobs BLOB NOT NULL, created_at REAL NOT NULL,
+    last_used REAL NOT NULL);
+CREATE INDEX sequence_records_last_used ON sequence_records (last_used);
+CREATE TABLE custom_losses (loss_id TEXT PRIMARY KEY, session_id TEXT NOT NULL,
+    owner TEXT NOT NULL, seq_id INTEGER NOT NULL, name TEXT NOT NULL, inputs TEXT NOT NULL,
+    graph TEXT NOT NULL, created_at REAL NOT NULL);
+"""
+
+
+def test_a_store_written_in_one_script_opens_with_every_feature_reading_its_rows(
+    tmp_path: Path,
+) -> None:
+    """Each feature creates its own tables now; a database from before still opens, and each
+    feature finds the rows the old layout holds."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+    from tinker import types
+
+    from tinker_local.server.core.audit_log import AuditLog
+    from tinker_local.server.training.custom_losses import CustomLosses
+    from tinker_local.server.training.sampler_records import StabilityRecords
+
+    path = tmp_path / "server.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(_ONE_SCRIPT_SCHEMA)
+    now = time.time()
+    old.execute(
+        "INSERT INTO audit VALUES ('key-a', 'session_create', ?, ?)",
+        ('{"actor": "urn:a", "session_id": "s1"}', now),
+    )
+    old.execute(
+        "INSERT INTO sequence_records VALUES ('s1:sample:0:1:0', 's1', 'key-a', 's1:sample:0', "
+        "'base model b', ?, ?, ?, ?, ?)",
+        (
+            np.asarray([5, 6], np.int32).tobytes(),
+            np.asarray([7, 8], np.int32).tobytes(),
+            np.asarray([-0.5, -0.25], np.float32).tobytes(),
+            now,
+            now,
+        ),
+    )
+    graph = types.CustomLossGraph(nodes=[])
+    old.execute(
+        "INSERT INTO custom_losses VALUES ('loss-1', 's1', 'key-a', 1, 'mine', '[]', ?, ?)",
+        (graph.model_dump_json(), now),
+    )
+    old.commit()
+    old.close()
+
+    store = Store(path)
+    today = datetime.fromtimestamp(now, tz=timezone.utc).date()
+    entries = AuditLog(store).entries("key-a", "all", today)
+    assert [(e["event"], e["event_details"]["session_id"]) for e in entries] == [
+        ("session_create", "s1")
+    ]
+    loss = CustomLosses(store).get("loss-1")
+    assert loss is not None and (loss.owner, loss.loss.name) == ("key-a", "mine")
+    records = StabilityRecords(store, lambda: 3600.0)
+    found = records.rows(["s1:sample:0:1:0", "unknown"])
+    assert list(found) == ["s1:sample:0:1:0"] and found["s1:sample:0:1:0"][1] == "s1"
+    # A fresh database gets the same tables from the features.
+    fresh = Store(tmp_path / "fresh.sqlite3")
+    AuditLog(fresh), CustomLosses(fresh), StabilityRecords(fresh, lambda: 1.0)
+    names = {row[0] for row in fresh.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"audit", "custom_losses", "sequence_records", "futures", "sessions"} <= names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ def test_samples_queued_together_go_in_one_batch_and_jobs_keep_order() -> None:
     blocker = worker.submit(lambda e: started.set() or gate.wait(10))
     assert started.wait(5)  # the worker holds the blocker, so all four samples queue behind it
     firsts = (1, 2, VOCAB, 3)  # VOCAB: outside the vocabulary, so that request fails
-    samples = [worker.submit_sample(_request(t), lambda answer: answer) for t in firsts]
+    samples = [Future() for _ in firsts]
+    for future, first in zip(samples, firsts):  # each outcome reaches its own callback
+        worker.submit_sample(_request(first), future.set_result)
     after = worker.submit(lambda e: order.append("job"))
     gate.set()
     assert blocker.result(5) is True

@@ -87,16 +87,21 @@ def test_jobs_of_different_models_run_together_in_order(worker_and_engine) -> No
     assert worker.job_batch_sizes == [3]
 
 
-def test_a_failed_joint_pass_runs_its_jobs_one_by_one(worker_and_engine) -> None:
+def test_a_joint_run_that_raises_fails_each_of_its_jobs(worker_and_engine) -> None:
+    """Running again one by one what failed together is the engine's job
+    (Engine.forward_backward_many, test_forward_backward_many.py): the worker has no second
+    fallback, and answers every job of a batch that raised as a whole with that error."""
     worker, engine = worker_and_engine
     gate, held = _hold(worker)
     futures = [_fb(worker, "A", "a1"), _fb(worker, "B", "explode"), _fb(worker, "C", "bad-c")]
+    after = _fb(worker, "A", "a2")
     gate.set()
     held.result(5)
-    assert futures[0].result(5) == "A1" and futures[1].result(5) == "EXPLODE"
-    with pytest.raises(ValueError, match="bad-c"):
-        futures[2].result(5)
-    assert engine.log == [("a1", "explode", "bad-c"), "a1", "explode", "bad-c"]
+    for future in futures:
+        with pytest.raises(RuntimeError, match="the joint pass failed"):
+            future.result(5)
+    assert after.result(5) == "A2"  # the worker goes on
+    assert engine.log == [("a1", "explode", "bad-c"), "a2"]
 
 
 def test_an_engine_that_does_not_batch_runs_jobs_alone() -> None:

@@ -1,9 +1,11 @@
 """`Engine`: the torch engine, an implementation of the engine contract (`contract.Engine`).
 
 Synchronous and not thread-safe: the server calls it from one worker thread. Inputs and outputs
-are the contract's dataclasses and the SDK's own types. Bad input raises `EngineError`
-(category "user") naming the datum and field; a failed forward_backward leaves the accumulated
-gradients as they were before the call.
+are the contract's dataclasses and the SDK's own types. A forward_backward call arrives checked
+(engine/contract/datum_checks.py, which the server runs before queueing it), so the engine only
+refuses what depends on its own state (an unknown model, a value loss on a model without a value
+head) with an `EngineError` ("user"); a failed forward_backward leaves the accumulated gradients
+as they were before the call.
 
 Sampling goes through `self.sampling`, a backend built with the engine's `_resolve_sampler`
 (`sampling/builtin_backend.py`): the built-in continuous-batching sampler by default, or vLLM
@@ -21,12 +23,12 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tinker import types
 
 from tinker_local import config
+from tinker_local.config import VALUE_HEAD_METADATA_KEY
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     CheckpointMeta,
@@ -42,13 +44,7 @@ from tinker_local.engine.contract import (
 )
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.adapters import AdapterPool
-from tinker_local.engine.losses import (
-    LOSS_FNS,
-    check_call,
-    get_loss_fn,
-    prepare_data,
-    resolve_config,
-)
+from tinker_local.engine.losses import LOSS_FNS, prepare_data
 from tinker_local.engine.losses.custom import CompiledLoss
 from tinker_local.engine.models import registry, text_codecs
 from tinker_local.engine.models.vision import VisionModel
@@ -68,7 +64,7 @@ from tinker_local.engine.training.logprobs import (
     split_causal_lm,
 )
 from tinker_local.engine.training.optimizer import AdapterOptimizer, TrainableParams
-from tinker_local.engine.training.value_head import METADATA_KEY, ValueHead, check_kind
+from tinker_local.engine.training.value_head import ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +82,7 @@ __all__ = [
 
 @dataclass
 class _Base:
-    loaded: Any  # registry.LoadedBase
+    loaded: registry.LoadedBase
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
@@ -97,7 +93,9 @@ class _Base:
 class _TrainingModel:
     base_model: str
     spec: LoraSpec
-    optimizer: TrainableParams  # AdapterOptimizer (AdamW) or DimuonOptimizer
+    # Every trainable parameter by stable name: the LoRA's, then the value head's (`_trainable`).
+    params: dict[str, torch.nn.Parameter]
+    optimizer: TrainableParams  # over `params`: AdapterOptimizer (AdamW) or DimuonOptimizer
     value_head: ValueHead | None = None
 
 
@@ -137,7 +135,7 @@ class Engine:
         dtype: str | None = None,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
         checkpoint_activations: bool = True,
-        loader: Callable[[str], Any] | None = None,
+        loader: Callable[[str], registry.LoadedBase] | None = None,
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
     ):
@@ -177,7 +175,7 @@ class Engine:
 
     @property
     def loss_inputs(self) -> LossInputs:
-        return {name: loss.required for name, loss in LOSS_FNS.items()}
+        return {name: loss.spec.required for name, loss in LOSS_FNS.items()}
 
     @staticmethod
     def available_models() -> list[str]:
@@ -234,11 +232,12 @@ class Engine:
         base.pool.create(key, lora)
         try:
             head = None if value_head is None else self._new_head(base, lora, value_head)
-            trainer = _new_optimizer(optimizer, _trainable(base.pool, key, head), lora)
+            params = _trainable(base.pool, key, head)
+            trainer = _new_optimizer(optimizer, params, lora)
         except BaseException:
             base.pool.remove(key)
             raise
-        self._models[model_id] = _TrainingModel(base_model, lora, trainer, head)
+        self._models[model_id] = _TrainingModel(base_model, lora, params, trainer, head)
         return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
@@ -252,12 +251,7 @@ class Engine:
 
     def trainable_parameters(self, model_id: str) -> dict[str, torch.nn.Parameter]:
         """The model's LoRA parameters by stable name (for tests and tools; do not mutate)."""
-        return dict(zip(self._model(model_id).optimizer.names, self._model(model_id).optimizer.params))
-
-    def check_call(self, call: ForwardBackwardCall) -> None:
-        """Validate `call` completely without running it: the `EngineError` `forward_backward`
-        would raise, if any (a distributed engine checks a whole call before splitting it)."""
-        self._training_call(call)
+        return dict(self._model(model_id).params)
 
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
         base, training = self._training_call(call)
@@ -267,12 +261,13 @@ class Engine:
         self, calls: Sequence[ForwardBackwardCall]
     ) -> list[types.ForwardBackwardOutput | Exception]:
         """Several models' forward_backward (or forward) calls, with the results (or the
-        error) of each, in order. Each call is validated alone, so a bad one fails only
-        itself. With `batch_models` on, valid calls of different models on one base model
-        with the same `forward_only` run in one pass (see forward_backward.py): outputs,
-        metrics and accumulated gradients equal separate calls within float rounding. If a
-        joint pass fails, its calls run again one by one (each then gets its own outcome).
-        A model named twice runs its later call after the earlier one."""
+        error) of each, in order. Each call is resolved alone, so one the engine refuses (an
+        unknown model, say) fails only itself. With `batch_models` on, the other calls of
+        different models on one base model with the same `forward_only` run in one pass (see
+        forward_backward.py): outputs, metrics and accumulated gradients equal separate calls
+        within float rounding. If a joint pass fails, its calls run again one by one (each then
+        gets its own outcome): the server's one batching layer. A model named twice runs its
+        later call after the earlier one."""
         results: list[types.ForwardBackwardOutput | Exception | None] = [None] * len(calls)
         groups: dict[tuple[str, bool], list[tuple[int, _Base, TrainingCall]]] = {}
         later: list[tuple[int, _Base, TrainingCall, bool]] = []
@@ -280,7 +275,7 @@ class Engine:
         for index, call in enumerate(calls):
             try:
                 base, training = self._training_call(call)
-            except EngineError as error:
+            except Exception as error:  # noqa: BLE001 - this call's outcome only
                 results[index] = error
                 continue
             # LoRA on an image encoder routes by batch row, and the encoder's rows are
@@ -361,14 +356,14 @@ class Engine:
         if meta.value_head is not None:  # into a new module: the model's own stays as it was
             head = self._new_head(base, model.spec, meta.value_head)  # until all is loaded
             head.load(head_state)
-        fresh = _new_optimizer(family, _trainable(pool, key, head), model.spec)
+        params = _trainable(pool, key, head)
+        fresh = _new_optimizer(family, params, model.spec)
         if optimizer_state is not None:
             fresh.load_state_dict(optimizer_state)
         pool.load_state_dict(key, weights)
         if optimizer_state is None:
             fresh.steps = meta.step
-        model.optimizer = fresh
-        model.value_head = head
+        model.params, model.optimizer, model.value_head = params, fresh, head
 
     def unload_model(self, model_id: str) -> None:
         model = self._model(model_id)
@@ -426,42 +421,38 @@ class Engine:
     # ---- internals ---------------------------------------------------------------------------
 
     def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
-        """Validate one call completely (before any compute) and resolve what runs it."""
+        """What runs one checked call (before any compute): its model, loss and tensors."""
         model = self._model(call.model_id)
         base = self._bases[model.base_model]
-        loss = get_loss_fn(call.loss_fn)
-        config = resolve_config(loss, call.loss_fn_config)
-        if loss.values and model.value_head is None:
+        loss = LOSS_FNS[call.loss_fn]
+        config = loss.spec.with_defaults(call.loss_fn_config)
+        if loss.spec.values and model.value_head is None:
             raise user_error(
-                f"loss_fn {loss.name!r} needs a value model, and {call.model_id!r} has no value "
-                "head; "
-                f"create it with user_metadata={{{METADATA_KEY!r}: 'mlp'}} (a tinker-local "
-                "extension)"
+                f"loss_fn {loss.spec.name!r} needs a value model, and {call.model_id!r} has no "
+                f"value head; create it with user_metadata={{{VALUE_HEAD_METADATA_KEY!r}: 'mlp'}} "
+                "(a tinker-local extension)"
             )
-        custom = self._custom_loss(call.custom_loss) if loss.custom else None
+        custom = None
+        if loss.spec.custom:
+            assert call.custom_loss is not None  # datum_checks.check_call made sure
+            custom = self._custom_loss(call.custom_loss)
         prepared = prepare_data(
-            call.data, loss, base.vocab, behavior=call.behavior,
-            custom_inputs=custom.inputs if custom is not None else (),
+            call.data, loss, behavior=call.behavior,
+            custom_inputs=custom.input_names[1:] if custom is not None else (),
             image_token_id=None if base.vision is None else base.vision.image_token_id,
         )
-        check_call(loss, prepared, config, call.forward_only)
         return base, TrainingCall(
             adapter_key=_train_key(call.model_id),
             data=prepared,
             loss=loss,
             config=config,
-            params=list(model.optimizer.params),
+            params=list(model.params.values()),
             value_head=model.value_head,
             custom=custom,
         )
 
-    def _custom_loss(self, loss: CustomLoss | None) -> CompiledLoss:
+    def _custom_loss(self, loss: CustomLoss) -> CompiledLoss:
         """The call's custom loss, rebuilt from the allow-list (once per loss id)."""
-        if loss is None:
-            raise user_error(
-                "loss_fn 'custom' runs a loss created with create_custom_loss; this call names "
-                "none"
-            )
         compiled = self._custom_losses.get(loss.loss_id)
         if compiled is None:
             compiled = CompiledLoss(loss)

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import tinker
 
+from tinker_local.config import VALUE_HEAD_METADATA_KEY
 from tinker_local.rl.data import TrainSequence
 from tinker_local.rl.rollouts import Trajectory
 
 # The create_lora_training_client user_metadata that asks tinker-local for a value model.
-VALUE_MODEL_METADATA = {"tinker_local.value_head": "mlp"}
+VALUE_MODEL_METADATA = {VALUE_HEAD_METADATA_KEY: "mlp"}
 
 
 def gae(

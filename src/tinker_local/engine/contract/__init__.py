@@ -2,8 +2,10 @@
 
 The server imports only this package from `tinker_local.engine`. It holds no torch, and neither
 does anything of ours it imports, so the server stays torch-free (the SDK's own imports aside).
-`custom_loss_ops.py` beside it is the allow-list of a server-side custom loss, which the server
-checks at `create_custom_loss` and the engine runs.
+Beside it: `datum_checks.py`, the checks of a forward_backward call, which the server runs
+before queueing it and the engine trusts (`loss_specs.py`: what each loss takes);
+`custom_loss_ops.py`, the allow-list of a server-side custom loss, which the server checks at
+`create_custom_loss` and the engine runs.
 
 - `Engine`: what an engine is asked (base models, training models, `forward_backward` over one
   call or many, `optim_step`, checkpoints, samplers) and what it says about itself
@@ -21,8 +23,9 @@ checks at `create_custom_loss` and the engine runs.
   and `EngineError`, the error an engine raises for what it refuses.
 
 An engine is synchronous and not thread-safe: the server calls it from one worker thread, in an
-order the server decides (server/core/engine_worker.py). Bad input raises `EngineError` with category
-"user", whose message names the datum and field.
+order the server decides (server/core/engine_worker.py). A `ForwardBackwardCall` reaches it
+checked (`datum_checks.check_forward_backward`); what it still refuses (an unknown id, a call
+its state cannot run) raises `EngineError` with category "user", naming what was wrong.
 
 Rules that keep what comes next (the whole SDK surface, a distributed engine) off this seam:
 - Inputs are plain, picklable data (ids, paths, numbers, the SDK's `tinker.types`, the frozen
@@ -59,6 +62,7 @@ from tinker_local.engine.errors import EngineError, user_error
 
 __all__ = [
     "DEFAULT_LORA_ALPHA",
+    "MAX_PROMPT_ALT_TOKENS_K",
     "OPTIMIZERS",
     "Behavior",
     "ChatMessage",
@@ -99,6 +103,10 @@ LossInputs = Mapping[str, tuple[str, ...]]
 # SDK's OptimizerConfig `type`: AdamW (`types.AdamParams` per step) and Dimuon
 # (`types.DimuonParams`).
 OPTIMIZERS = ("adamw", "dimuon")
+
+# The most draws per prompt position a sampling request may ask for (`prompt_alt_tokens_k`):
+# the engine's bound, which the server checks before queueing.
+MAX_PROMPT_ALT_TOKENS_K = 1024
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -460,8 +468,8 @@ class Engine(Protocol):
     def model_info(self, model_id: str) -> ModelInfo: ...
 
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
-        """Run one call; gradients accumulate until `optim_step`. A failed call leaves the
-        accumulated gradients as they were."""
+        """Run one call, checked by `datum_checks` before it came; gradients accumulate until
+        `optim_step`. A failed call leaves the accumulated gradients as they were."""
         ...
 
     def forward_backward_many(

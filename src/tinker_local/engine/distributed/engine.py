@@ -8,9 +8,10 @@ does differently, and why:
 - every command: a seed for torch's global generator travels with it (executor.py), so what
   draws from it during a call (LoRA dropout) stays in step across ranks.
 - `create_model`: an unset LoRA seed is drawn here, once, so every rank initialises the same.
-- `forward_backward[_many]`: the whole call is checked on rank 0 first (errors name datums by
-  their index in the caller's list), then split over the ranks by tokens (data parallel); with
-  a sharded base every rank runs every datum (FSDP2 needs all ranks in every forward).
+- `forward_backward[_many]`: a call arrives checked (the server ran
+  engine/contract/datum_checks.py), so it is split over the ranks by tokens at once (data
+  parallel) and no rank checks it again; with a sharded base every rank runs every datum (FSDP2
+  needs all ranks in every forward).
 - `optim_step`: gradients are summed over the ranks first (data parallel).
 - `save_state` / `save_sampler_weights`: rank 0 alone writes the folder (the replicas are equal),
   so a checkpoint is the same PEFT folder whatever the world size, written once.
@@ -138,7 +139,6 @@ class DistributedEngine:
 
     def forward_backward(self, call: ForwardBackwardCall) -> types.ForwardBackwardOutput:
         self._raise_fault()
-        self._local.check_call(call)
         if self.replicated:
             return self._call("forward_backward", call)
         reply = self._run(Command(FORWARD_BACKWARD, ([call], False)))
@@ -148,25 +148,12 @@ class DistributedEngine:
         self, calls: Sequence[ForwardBackwardCall]
     ) -> list[types.ForwardBackwardOutput | Exception]:
         self._raise_fault()
-        results: list[types.ForwardBackwardOutput | Exception | None] = [None] * len(calls)
-        valid: list[int] = []
-        for index, call in enumerate(calls):
-            try:
-                self._local.check_call(call)
-            except EngineError as error:
-                results[index] = error
-            else:
-                valid.append(index)
-        if valid:
-            chosen = [calls[i] for i in valid]
-            if self.replicated:
-                answers = self._call("forward_backward_many", chosen)
-            else:
-                reply = self._run(Command(FORWARD_BACKWARD, (chosen, True)))
-                answers = [o.value if o.ok else o.exception() for o in reply.outcome.unwrap()]
-            for index, answer in zip(valid, answers):
-                results[index] = answer
-        return results  # type: ignore[return-value]
+        if not calls:
+            return []
+        if self.replicated:
+            return self._call("forward_backward_many", list(calls))
+        reply = self._run(Command(FORWARD_BACKWARD, (list(calls), True)))
+        return [o.value if o.ok else o.exception() for o in reply.outcome.unwrap()]
 
     def optim_step(self, model_id: str, params: Any) -> types.OptimStepResponse:
         if self.replicated:

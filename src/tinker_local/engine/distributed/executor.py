@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from tinker_local.engine.contract import ForwardBackwardCall
+from tinker_local.engine.contract import ForwardBackwardCall, SampleOutcome
 from tinker_local.engine.distributed.group import Group
 from tinker_local.engine.distributed.sharding import reshard_all
 from tinker_local.engine.distributed.shares import (
@@ -45,8 +45,13 @@ from tinker_local.engine.distributed.shares import (
     share_of,
     split_by_tokens,
 )
+from tinker_local.engine.engine import Engine
+from tinker_local.engine.sampling.builtin_backend import ContinuousSampling
 
 logger = logging.getLogger("tinker_local.engine")
+
+# A model's parameters, each with a copy of its gradient (None: it had none).
+_SavedGradients = list[tuple[torch.nn.Parameter, "torch.Tensor | None"]]
 
 PING = "_ping"  # nothing to do: keeps an idle rank's wait for the next command short
 STOP = "_stop"  # the group is shutting down
@@ -97,7 +102,9 @@ def disagreement(what: str, statuses: list[tuple[bool, str | None]]) -> str | No
 class RankExecutor:
     """Runs commands on this rank's local engine (an `engine.Engine`) and its sampler."""
 
-    def __init__(self, engine: Any, group: Group, sampling: Any, replicated: bool):
+    def __init__(
+        self, engine: Engine, group: Group, sampling: ContinuousSampling, replicated: bool
+    ):
         """`sampling`: the local engine's continuous-batching backend. `replicated`: every rank
         runs every datum and sampling request (the base is sharded: see sampling.py)."""
         self.engine = engine
@@ -195,7 +202,7 @@ class RankExecutor:
                 results.append(attempt(functools.partial(merge_outputs, pieces_of_call), rank))
         return Reply(Outcome(value=results))
 
-    def _gradients(self, calls: list[ForwardBackwardCall]) -> dict[str, list[tuple[Any, Any]]]:
+    def _gradients(self, calls: list[ForwardBackwardCall]) -> dict[str, _SavedGradients]:
         """Each model's parameters with a copy of their gradients now (None: no gradient)."""
         saved = {}
         for call in calls:
@@ -207,7 +214,7 @@ class RankExecutor:
         return saved
 
     @staticmethod
-    def _restore(saved: list[tuple[Any, Any]]) -> None:
+    def _restore(saved: _SavedGradients) -> None:
         for param, grad in saved:
             param.grad = grad
 
@@ -264,9 +271,9 @@ class RankExecutor:
         done = [item for report, _ in reports for item in report]
         return Reply(Outcome(value=(done, [in_flight for _, in_flight in reports])))
 
-    def _collect(self, ticket: int) -> Callable[[Any], None]:
+    def _collect(self, ticket: int) -> Callable[[SampleOutcome], None]:
         """The done-callback of a request: its outcome joins the next step's report."""
-        def done(outcome: Any) -> None:
+        def done(outcome: SampleOutcome) -> None:
             if isinstance(outcome, BaseException):
                 self._finished.append((ticket, Outcome.of(outcome, self.group.rank)))
             else:

@@ -25,7 +25,11 @@ from tinker_local.engine.distributed.sharding import group_loader
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.models import registry
 from tinker_local.engine.sampling import vllm_backend
-from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, Resolve
+from tinker_local.engine.sampling.builtin_backend import (
+    ContinuousSampling,
+    EngineSampling,
+    Resolve,
+)
 
 logger = logging.getLogger("tinker_local.engine")
 
@@ -50,7 +54,7 @@ def local_engine(group: Group, *, dtype: str | None, sampler: str | None = None,
         vllm_backend.check_installed()
         args = vllm_args(group)
 
-    def sampling(resolve: Resolve) -> Any:
+    def sampling(resolve: Resolve) -> EngineSampling:
         resolvers.append(resolve)
         if use_vllm:
             return vllm_backend.VllmSampling(resolve, args=args)

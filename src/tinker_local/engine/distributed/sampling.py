@@ -23,9 +23,9 @@ import itertools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
 
-from tinker_local.engine.contract import SampleDone, SamplingRequest
+from tinker_local.engine.contract import SampleDone, SampleOutcome, SamplingRequest
 from tinker_local.engine.distributed.executor import EVERY_RANK
 from tinker_local.engine.distributed.shares import Outcome
 from tinker_local.engine.errors import EngineError
@@ -124,7 +124,7 @@ class DistributedSampling:
         for ticket in list(self._waiting):
             self._answer(ticket, error)
 
-    def _answer(self, ticket: int, outcome: Any) -> None:
+    def _answer(self, ticket: int, outcome: SampleOutcome) -> None:
         waiting = self._waiting.pop(ticket, None)
         if waiting is None:
             return
@@ -133,7 +133,9 @@ class DistributedSampling:
         waiting.done(outcome)
 
     # The engine's notices (EngineSampling): every rank's own sampler handles them.
-    def add_sampler(self, sampler_id: str, write_adapter: Any) -> None:
+    def add_sampler(
+        self, sampler_id: str, write_adapter: Callable[[Path], None] | None
+    ) -> None:
         """Nothing to do: the command that created the sampler ran on every rank."""
 
     def remove_sampler(self, sampler_id: str) -> None:

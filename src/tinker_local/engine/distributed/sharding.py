@@ -24,12 +24,15 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from tinker_local.engine.distributed.group import Group
 from tinker_local.engine.models import registry
+
+if TYPE_CHECKING:  # torch.distributed is imported only where a group shards a model
+    from torch.distributed.device_mesh import DeviceMesh
 
 logger = logging.getLogger("tinker_local.engine")
 
@@ -50,7 +53,7 @@ def reshard_all() -> None:
                 module.reshard()
 
 
-def shard_model(model: nn.Module, mesh: Any) -> None:
+def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
     """Split `model`'s parameters over `mesh` (see the module docstring); in place."""
     from torch.distributed.fsdp import fully_shard
 

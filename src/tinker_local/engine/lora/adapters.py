@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -49,6 +49,9 @@ from tinker_local.engine.contract import DEFAULT_LORA_ALPHA, LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.row_routing import RowRouting, lora_row_routing
 from tinker_local.engine.models.vision import vision_tower_prefixes
+
+if TYPE_CHECKING:  # peft is imported where it is used (it is slow to import)
+    from peft import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +223,7 @@ class AdapterPool:
         # peft may have activated some other adapter (and made it trainable): undo that.
         self.model.set_adapter(_ANCHOR, inference_mode=True)
 
-    def _add(self, key: str, config: Any, seed: int) -> None:
+    def _add(self, key: str, config: LoraConfig, seed: int) -> None:
         if key in self._names:
             raise user_error(f"adapter {key!r} already exists on {self.base_name}")
         self._counter += 1
@@ -273,7 +276,7 @@ class AdapterPool:
             for name, param in params.items():
                 param.copy_(state[name].to(device=param.device, dtype=param.dtype))
 
-    def config(self, key: str) -> Any:
+    def config(self, key: str) -> LoraConfig:
         """A copy of `key`'s peft LoraConfig."""
         return copy.deepcopy(self.model.peft_config[self.adapter_name(key)])
 

@@ -1,4 +1,6 @@
-"""The built-in losses: their per-token formulas, options and required inputs.
+"""The built-in losses' per-token formulas. What each takes (inputs, options, defaults) is its
+spec, beside the engine contract (engine/contract/loss_specs.py), so the server can check calls
+without torch.
 
 Semantics (the hosted service's "Loss Functions" docs):
 - token-level and summed over tokens and datums; nothing is normalised server-side;
@@ -41,61 +43,28 @@ tinker-local extensions (the hosted service has neither):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from tinker_local.engine.errors import user_error
+from tinker_local.engine.contract.loss_specs import CLIP_KEYS, LOSS_SPECS, LossSpec
 
 Inputs = dict[str, torch.Tensor]
 Elementwise = Callable[[torch.Tensor, Inputs, Mapping[str, float]], torch.Tensor]
 
-# Every loss_fn_inputs key the SDK knows how to encode (tinker/types/datum.py).
-KNOWN_INPUT_KEYS = frozenset(
-    {
-        "target_tokens",
-        "weights",
-        "advantages",
-        "logprobs",
-        "clip_low_threshold",
-        "clip_high_threshold",
-        "sequence_ratio_mask",
-    }
-)
-# Extension keys: send them as numpy/torch arrays or TensorData (the SDK only infers dtypes of
-# plain lists for the keys above).
-EXTENSION_INPUT_KEYS = frozenset({"returns"})
 # Inputs the engine adds from the server's stability records (never sent by a client).
 BEHAVIOR_LOGPROBS = "behavior_logprobs"
 SAMPLED = "sampled"
-_CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
 
 
 @dataclass(frozen=True)
 class LossFn:
-    name: str
-    elementwise: Elementwise
-    required: tuple[str, ...]  # loss_fn_inputs keys besides target_tokens
-    optional: tuple[str, ...] = ()  # per-token overrides of config values
-    # Accepted and unused: the hosted docs' own RL example sends `weights` with
-    # importance_sampling, so refusing it would break code written against the docs.
-    ignored: tuple[str, ...] = ()
-    config_defaults: dict[str, float] = field(default_factory=dict)
-    top_k_targets: bool = False  # (N, K) target_tokens allowed
-    # A value loss: its elementwise function receives the value head's per-position values in
-    # place of logprobs, and the model must have a value head.
-    values: bool = False
-    # Inputs that a forward_backward needs but a forward-only call may leave out.
-    required_for_backward: tuple[str, ...] = ()
-    # Needs the sampler's records of every datum's tokens (resolved from its provenance).
-    behavior: bool = False
-    # The loss is a traced graph the call carries (`custom`); per-datum, not per-token.
-    custom: bool = False
+    """A loss as the engine runs it: what it takes (`spec`, from the contract, which the server
+    checked calls against) and its per-token formula."""
 
-    def needs_entropy(self, config: Mapping[str, float]) -> bool:
-        return config.get("entropy_coef", 0.0) > 0
+    spec: LossSpec
+    elementwise: Elementwise
 
 
 def _ratio(logprobs: torch.Tensor, x: Inputs) -> torch.Tensor:
@@ -105,7 +74,7 @@ def _ratio(logprobs: torch.Tensor, x: Inputs) -> torch.Tensor:
 def _clip_bounds(ratio: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> list:
     """(low, high) as tensors: per-token inputs when the datum has them, else the config's."""
     return [torch.as_tensor(x.get(k, config[k]), dtype=ratio.dtype, device=ratio.device)
-            for k in _CLIP_KEYS]
+            for k in CLIP_KEYS]
 
 
 def _cross_entropy(logprobs: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> torch.Tensor:
@@ -171,72 +140,17 @@ def _custom(logprobs: torch.Tensor, x: Inputs, config: Mapping[str, float]) -> t
     raise AssertionError("custom losses run per datum (forward_backward.py), not per token")
 
 
-_RL_INPUTS = ("logprobs", "advantages")
-_CLIP_DEFAULTS_PPO = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
-LOSS_FNS: dict[str, LossFn] = {
-    loss.name: loss
-    for loss in (
-        LossFn("cross_entropy", _cross_entropy, required=("weights",), top_k_targets=True),
-        LossFn("importance_sampling", _importance_sampling, _RL_INPUTS, ignored=("weights",)),
-        LossFn(
-            "ppo", _ppo, _RL_INPUTS, optional=(*_CLIP_KEYS, "weights"),
-            config_defaults={**_CLIP_DEFAULTS_PPO, "entropy_coef": 0.0},
-        ),
-        LossFn(
-            "cispo", _cispo, _RL_INPUTS, optional=_CLIP_KEYS, ignored=("weights",),
-            config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
-        ),
-        LossFn("dro", _dro, _RL_INPUTS, ignored=("weights",), config_defaults={"beta": 0.05}),
-        LossFn(
-            "gspo", _gspo, (*_RL_INPUTS, "sequence_ratio_mask"), optional=_CLIP_KEYS,
-            ignored=("weights",),
-            config_defaults={"clip_low_threshold": 1.0 - 3e-4, "clip_high_threshold": 1.0 + 4e-4},
-        ),
-        LossFn(
-            # `logprobs` is accepted and unused: the sampler's records are the source of q.
-            "stable_reinforce", _stable_reinforce, ("advantages",), optional=_CLIP_KEYS,
-            ignored=("logprobs", "weights"), behavior=True,
-            config_defaults={
-                "clip_low_threshold": 0.0, "clip_high_threshold": 2.0, "kl_coeff": 0.0
-            },
-        ),
-        LossFn("custom", _custom, (), top_k_targets=True, custom=True),
-        LossFn(
-            "value_mse", _value_mse, (), optional=("returns", "weights"), values=True,
-            required_for_backward=("returns",),
-        ),
-    )
+_FORMULAS: dict[str, Elementwise] = {
+    "cross_entropy": _cross_entropy,
+    "importance_sampling": _importance_sampling,
+    "ppo": _ppo,
+    "cispo": _cispo,
+    "dro": _dro,
+    "gspo": _gspo,
+    "stable_reinforce": _stable_reinforce,
+    "custom": _custom,
+    "value_mse": _value_mse,
 }
-
-
-def get_loss_fn(name: object) -> LossFn:
-    if not isinstance(name, str) or name not in LOSS_FNS:
-        raise user_error(f"loss_fn {name!r} is not supported; valid: {sorted(LOSS_FNS)}")
-    return LOSS_FNS[name]
-
-
-def resolve_config(loss: LossFn, config: Mapping[str, object] | None) -> dict[str, float]:
-    """The loss's defaults overridden by `config`; unknown keys and non-finite values refused."""
-    if config is not None and not isinstance(config, Mapping):
-        raise user_error(f"loss_fn_config must be a dict of numbers, got {type(config).__name__}")
-    resolved = dict(loss.config_defaults)
-    for key, value in (config or {}).items():
-        if key not in loss.config_defaults:
-            valid = sorted(loss.config_defaults) or "none"
-            raise user_error(
-                f"loss_fn_config[{key!r}] is not an option of {loss.name} (valid options: {valid})"
-            )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise user_error(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
-        resolved[key] = float(value)
-    if "clip_low_threshold" in resolved:
-        low, high = resolved["clip_low_threshold"], resolved["clip_high_threshold"]
-        if not 0.0 <= low <= high:
-            raise user_error(
-                f"loss_fn_config clip thresholds need 0 <= clip_low_threshold <= "
-                f"clip_high_threshold, got {low} and {high}"
-            )
-    for key in ("beta", "entropy_coef", "kl_coeff"):
-        if resolved.get(key, 0.0) < 0:
-            raise user_error(f"loss_fn_config[{key!r}] must be >= 0, got {resolved[key]}")
-    return resolved
+LOSS_FNS: dict[str, LossFn] = {
+    name: LossFn(spec, _FORMULAS[name]) for name, spec in LOSS_SPECS.items()
+}

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,9 @@ from tinker_local.engine.cpu_features import bf16_kernels_available
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.cost import model_cost
 from tinker_local.engine.models.tiny_vision import IMAGE_PROCESSOR_FILE
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded (it is slow to import)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +81,8 @@ class LoadedBase:
 
     name: str
     folder: Path
-    model: Any  # transformers PreTrainedModel (a causal LM)
-    tokenizer: Any  # transformers tokenizer
+    model: PreTrainedModel  # a causal LM
+    tokenizer: PreTrainedTokenizerBase
     eos_token_ids: list[int]
     vocab_size: int  # width of the logits (config.vocab_size; may exceed len(tokenizer))
 
@@ -218,7 +221,7 @@ def load_base(
     )
 
 
-def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """End-of-sequence ids: the generation config's (int or list), then the tokenizer's."""
     ids: list[int] = []
     generation_config = getattr(model, "generation_config", None)

@@ -16,13 +16,12 @@ from typing import Protocol
 
 from tinker import types
 
+from tinker_local.engine.contract import MAX_PROMPT_ALT_TOKENS_K
 from tinker_local.engine.contract.image_chunks import ImageSlot
 from tinker_local.engine.sampling.errors import SamplingError
 from tinker_local.engine.sampling.prompt_extras import PromptTargets, check_alt_k, check_targets
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
-# Draws per prompt position for prompt_alt_tokens_k (the server's own bound is the same).
-MAX_PROMPT_ALT_K = 1024
 
 
 class Asked(Protocol):
@@ -163,7 +162,7 @@ def validate_request(
             limits.vocab_size,
             max_distinct=limits.vocab_size,
         ),
-        alt_k=check_alt_k(getattr(req, "prompt_alt_tokens_k", 0), len(prompt), MAX_PROMPT_ALT_K),
+        alt_k=check_alt_k(getattr(req, "prompt_alt_tokens_k", 0), len(prompt), MAX_PROMPT_ALT_TOKENS_K),
         images=_check_images(prompt, tuple(getattr(req, "images", ()) or ()), limits),
     )
 

@@ -23,7 +23,7 @@ import pickle
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +35,9 @@ from tinker_local.engine.contract import (
 )
 from tinker_local.engine.errors import user_error
 
+if TYPE_CHECKING:  # peft is imported where it is used (it is slow to import)
+    from peft import LoraConfig
+
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 VALUE_HEAD_FILE = "value_head.safetensors"
 
@@ -42,7 +45,7 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 def save_adapter_folder(
     directory: Path,
     weights: dict[str, torch.Tensor],
-    lora_config: Any,
+    lora_config: LoraConfig,
     meta: CheckpointMeta,
     optimizer_state: dict | None = None,
     value_head_weights: dict[str, torch.Tensor] | None = None,
@@ -133,7 +136,7 @@ def load_optimizer_state(directory: Path) -> dict:
         raise user_error(f"{path} is unreadable: {error}") from None
 
 
-def _config_json(config: Any) -> str:
+def _config_json(config: LoraConfig) -> str:
     data = config.to_dict()
     for key, value in data.items():  # peft keeps target_modules as a set
         if isinstance(value, set):

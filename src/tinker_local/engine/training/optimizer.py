@@ -50,9 +50,6 @@ class TrainableParams:
         self.params = list(params.values())
         self.steps = 0
 
-    def has_gradients(self) -> bool:
-        return any(p.grad is not None for p in self.params)
-
     def gradient_norm(self) -> float:
         """Global L2 norm of the accumulated gradients (0 when there are none)."""
         norms = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]

@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tinker_local.config import VALUE_HEAD_METADATA_KEY
 from tinker_local.engine.errors import user_error
 
-# The user_metadata key of create_lora_training_client that asks for a value head.
-METADATA_KEY = "tinker_local.value_head"
 KINDS = ("mlp",)
 PARAM_PREFIX = "value_head."
 
@@ -31,7 +30,7 @@ PARAM_PREFIX = "value_head."
 def check_kind(kind: object) -> str:
     if kind not in KINDS:
         raise user_error(
-            f"user_metadata[{METADATA_KEY!r}] = {kind!r} is not a value head kind; valid: {list(KINDS)}"
+            f"user_metadata[{VALUE_HEAD_METADATA_KEY!r}] = {kind!r} is not a value head kind; valid: {list(KINDS)}"
         )
     return str(kind)
 

@@ -55,7 +55,7 @@ def body_inputs(
     row_images = [images[row.members[0]] if len(row.members) == 1 else () for row in rows]
     if not any(row_images):
         return {"position_ids": position_ids}
-    if vision is None:  # validation refuses images for a text model first
+    if vision is None:  # the datum checks refuse images for a text model first
         raise ValueError("a batch with images needs a vision model")
     inputs = vision.inputs(batch.input_ids.to(device), row_images, position_ids)
     return inputs.kwargs()

@@ -5,12 +5,15 @@ Events are named `<resource>_<action>` as the SDK's `AuditLogEntry` documents
 `checkpoint_unpublish`, `checkpoint_ttl_set`, `checkpoint_copy`, `session_create`,
 `session_finish`, `project_assign`). `event_details` says who did it (`actor`, the owner's URN)
 and what it was about (`tinker_path`, `session_id`, ...). Kept in the SQLite store when the
-server has one (so `serve` keeps them across restarts), else in memory (the newest
-`MEMORY_EVENTS`). Writes may come from the engine worker thread.
+server has one (so `serve` keeps them across restarts; the table `audit`, created here), else
+in memory (the newest `MEMORY_EVENTS`). Writes may come from the engine worker thread.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -19,6 +22,14 @@ from typing import Any
 
 from tinker_local.server.core.owners import user_urn
 from tinker_local.server.core.sqlite_store import Store
+
+logger = logging.getLogger("tinker_local.server")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit (
+    owner TEXT NOT NULL, event TEXT NOT NULL, details TEXT NOT NULL, time REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_owner_time ON audit (owner, time);
+"""
 
 MEMORY_EVENTS = 100_000
 # AdminClient.get_audit_log's event_type -> the resources it covers.
@@ -34,6 +45,8 @@ EVENT_TYPES = {
 class AuditLog:
     def __init__(self, store: Store | None) -> None:
         self._store = store
+        if store is not None:
+            store.create_tables(SCHEMA)
         self._lock = threading.Lock()
         self._memory: deque[tuple[str, str, dict[str, Any], float]] = deque(maxlen=MEMORY_EVENTS)
 
@@ -41,7 +54,13 @@ class AuditLog:
         at = time.time()
         details = {"actor": user_urn(owner), **details}
         if self._store is not None:
-            self._store.add_audit(owner, event, details, at)
+            try:
+                self._store.execute(
+                    "INSERT INTO audit (owner, event, details, time) VALUES (?, ?, ?, ?)",
+                    (owner, event, json.dumps(details), at),
+                )
+            except sqlite3.Error as exc:  # e.g. closed at shutdown
+                logger.warning("could not store audit event %s: %s", event, exc)
         else:
             with self._lock:
                 self._memory.append((owner, event, details, at))
@@ -50,7 +69,14 @@ class AuditLog:
         start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
         begin, end = start.timestamp(), (start + timedelta(days=1)).timestamp()
         if self._store is not None:
-            rows = self._store.audit_events(owner, begin, end)
+            rows = [
+                (event, json.loads(details), at)
+                for event, details, at in self._store.execute(
+                    "SELECT event, details, time FROM audit WHERE owner = ? AND time >= ? "
+                    "AND time < ? ORDER BY time",
+                    (owner, begin, end),
+                )
+            ]
         else:
             with self._lock:
                 rows = [(e, d, t) for o, e, d, t in self._memory if o == owner and begin <= t < end]

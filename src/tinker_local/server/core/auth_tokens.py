@@ -42,7 +42,3 @@ def owner_of(signer: Signer, token: str) -> str | None:
         return None
     owner = claims.get("owner")
     return owner if isinstance(owner, str) and owner else None
-
-
-def looks_like_jwt(value: str) -> bool:
-    return value.startswith("eyJ") and value.count(".") == 2

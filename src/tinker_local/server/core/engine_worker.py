@@ -3,7 +3,10 @@
 An engine is not thread-safe, and torch must never run on the server's event loop (heartbeats
 and long-polls have to answer while a training step runs). So every engine call is a job on
 this thread's FIFO queue. Per-model seq_id order is decided before a job is queued (see
-`sequencer.py`); the FIFO keeps it.
+`sequencer.py`); the FIFO keeps it. A job ends by calling its `done` callback exactly once, with
+its result or the exception that failed it (as a sampling backend answers a request): the
+caller resolves its own future there, so a result is handed over once, not copied from future to
+future. `submit` wraps that in a `concurrent.futures.Future` for callers that await the value.
 
 Sampling has one path, whatever the engine: its sampling backend (`engine.sampling`, a
 `contract.SamplingBackend`; the built-in continuous-batching sampler or vLLM). Every sampling
@@ -22,7 +25,9 @@ forward_backward) takes with it the later queued jobs of the same batch kind, on
 when the engine batches models (`engine.batch_models`): a job of a model is never moved past
 an earlier job of the same model, and no job is moved past a job that names no model (those may
 touch any model). `Batchable.run_together` then runs them in one engine call and answers each
-job with its own result or error.
+job with its own result or error. That call is the one batching layer:
+`engine.forward_backward_many` runs again call by call what failed together, so the worker does
+not (if `run_together` itself raises, every job of the batch fails with its error).
 
 An engine that can stop serving as a whole (`contract.FaultReporting`: a distributed engine
 that lost a rank) reports it through `fail`, possibly while this thread is stuck in a call:
@@ -49,6 +54,7 @@ from tinker_local.engine.contract import (
     EngineStatus,
     FaultReporting,
     LossInputs,
+    SampleDone,
     SampleOutcome,
     SampleProgress,
     SamplingBackend,
@@ -62,6 +68,10 @@ from tinker_local.engine.contract import (
 logger = logging.getLogger("tinker_local.server")
 
 T = TypeVar("T")
+
+# How a job ends: called once with its result, or with the exception that failed it (a result
+# that is an exception instance counts as a failure, as in `contract.SampleOutcome`).
+JobDone = Callable[[Any], None]
 
 
 class WorkerStopped(RuntimeError):
@@ -90,18 +100,16 @@ class Job(Generic[T]):
 @dataclass
 class _Queued(Generic[T]):
     fn: Callable[[Engine], T]
-    future: concurrent.futures.Future[T]
+    done: JobDone
     # The training model whose seq_id order this job keeps; None: it may touch any model.
     model: str | None = None
     batchable: Batchable | None = None
 
 
 @dataclass(eq=False)  # hashed by identity (the set of requests sampling)
-class _SampleJob(Generic[T]):
+class _SampleJob:
     request: SamplingRequest
-    # Turns the backend's outcome for this request (a response or an exception) into T.
-    finish: Callable[[SampleOutcome], T]
-    future: concurrent.futures.Future[T]
+    done: SampleDone  # the backend's outcome for this request, relayed as it is
     # Streaming: told each step's new tokens (when the backend can); False takes it out.
     progress: SampleProgress | None = None
 
@@ -119,8 +127,8 @@ class EngineWorker:
         self._engine: Engine | None = None  # for tests and diagnostics
         self._sampling: SamplingBackend | None = None
         self.sample_slice_s = sample_slice_s
-        self._sampling_jobs: set[_SampleJob[Any]] = set()  # handed to the backend
-        self._queue: deque[_Queued[Any] | _SampleJob[Any]] = deque()
+        self._sampling_jobs: set[_SampleJob] = set()  # handed to the backend
+        self._queue: deque[_Queued[Any] | _SampleJob] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self.fault: str | None = None  # why the engine stopped serving (see `fail`)
@@ -155,25 +163,38 @@ class EngineWorker:
         model: str | None = None,
         batchable: Batchable | None = None,
     ) -> concurrent.futures.Future[T]:
-        """Queue `fn(engine)`. `model`: the training model whose order the job keeps (None: it
-        may touch any model, and no later job is run before it); `batchable`: how it may run
-        together with other jobs (then `fn` is what runs when it runs alone)."""
-        job: _Queued[T] = _Queued(fn, concurrent.futures.Future(), model, batchable)
-        self._enqueue(job)
-        return job.future
+        """Queue `fn(engine)` and return a future of its result (see `submit_then`)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.submit_then(fn, functools.partial(_resolve, future), model=model, batchable=batchable)
+        return future
+
+    def submit_then(
+        self,
+        fn: Callable[[Engine], T],
+        done: JobDone,
+        *,
+        model: str | None = None,
+        batchable: Batchable | None = None,
+    ) -> None:
+        """Queue `fn(engine)`; `done(result or exception)` is called once when it ends (on this
+        worker's thread, or on the thread that stops the worker). `model`: the training model
+        whose order the job keeps (None: it may touch any model, and no later job is run before
+        it); `batchable`: how it may run together with other jobs (then `fn` is what runs when
+        it runs alone)."""
+        self._enqueue(_Queued(fn, done, model, batchable))
 
     def submit_sample(
         self,
         request: SamplingRequest,
-        finish: Callable[[SampleOutcome], T],
+        done: SampleDone,
         progress: SampleProgress | None = None,
-    ) -> concurrent.futures.Future[T]:
-        """Queue a sampling request; `finish(outcome)` (on this thread) makes the future's
-        value. `progress`: see `contract.SampleProgress` (called on the engine thread); a
-        backend that is not a `StreamingSampling` never calls it."""
-        job: _SampleJob[T] = _SampleJob(request, finish, concurrent.futures.Future(), progress)
-        self._enqueue(job)
-        return job.future
+    ) -> None:
+        """Hand `request` to the engine's sampling backend; `done(outcome)` is called once
+        with its response or the exception that failed it (the backend's own callback, or the
+        worker's when it stops or the engine faults first). `progress`: see
+        `contract.SampleProgress` (called on the engine thread); a backend that is not a
+        `StreamingSampling` never calls it."""
+        self._enqueue(_SampleJob(request, done, progress))
 
     def text_codec(self, base_model: str) -> TextCodec | None:
         """The engine's codec for `base_model` (`contract.TextCodecs`, which any thread may
@@ -194,7 +215,7 @@ class EngineWorker:
             self._queue.clear()
             self._cond.notify_all()
         for job in left:
-            _fail(job, EngineError(message, "server"))
+            _end(job, EngineError(message, "server"))
 
     def queued(self) -> int:
         with self._cond:
@@ -207,21 +228,21 @@ class EngineWorker:
             self._queue.clear()
             self._cond.notify_all()
         for job in left:
-            _fail(job, WorkerStopped("the server is shutting down"))
+            _end(job, WorkerStopped("the server is shutting down"))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         for job in list(self._sampling_jobs):  # the thread has left its loop (or is stuck)
-            _fail(job, WorkerStopped("the server is shutting down"))
+            _end(job, WorkerStopped("the server is shutting down"))
 
     # -- worker thread ------------------------------------------------------------------------
 
-    def _enqueue(self, job: _Queued[Any] | _SampleJob[Any]) -> None:
+    def _enqueue(self, job: _Queued[Any] | _SampleJob) -> None:
         with self._cond:
             if self._stopping:
-                _fail(job, WorkerStopped("the server is shutting down"))
+                _end(job, WorkerStopped("the server is shutting down"))
                 return
             if self.fault is not None:
-                _fail(job, EngineError(self.fault, "server"))
+                _end(job, EngineError(self.fault, "server"))
                 return
             self._queue.append(job)
             self._cond.notify()
@@ -266,14 +287,14 @@ class EngineWorker:
 
     # -- sampling -------------------------------------------------------------------------------
 
-    def _pop_samples(self) -> list[_SampleJob[Any]]:
+    def _pop_samples(self) -> list[_SampleJob]:
         """Take every queued sampling job (call with the lock held); other jobs keep order."""
         samples = [j for j in self._queue if isinstance(j, _SampleJob)]
         if samples:
             self._queue = deque(j for j in self._queue if isinstance(j, _Queued))
         return samples
 
-    def _admit(self, jobs: list[_SampleJob[Any]]) -> None:
+    def _admit(self, jobs: list[_SampleJob]) -> None:
         assert self._sampling is not None
         for job in jobs:
             self._sampling_jobs.add(job)
@@ -288,12 +309,9 @@ class EngineWorker:
         if jobs:
             self.batch_sizes.append(self._sampling.in_flight)
 
-    def _answer(self, job: _SampleJob[Any], outcome: SampleOutcome) -> None:
+    def _answer(self, job: _SampleJob, outcome: SampleOutcome) -> None:
         self._sampling_jobs.discard(job)
-        try:
-            _set(job.future, job.finish(outcome))
-        except BaseException as exc:  # noqa: BLE001
-            _fail(job, exc)
+        _end(job, outcome)
 
     def _sample_slice(self, sampling: SamplingBackend) -> None:
         """Sample until another job is waiting and the slice has lasted `sample_slice_s`;
@@ -323,7 +341,7 @@ class EngineWorker:
         kind = first.batchable.kind
         passed = {first.model}  # models with a job at or before the scan position
         taken: list[_Queued[Any]] = []
-        kept: deque[_Queued[Any] | _SampleJob[Any]] = deque()
+        kept: deque[_Queued[Any] | _SampleJob] = deque()
         queue = list(self._queue)
         for position, job in enumerate(queue):
             if isinstance(job, _SampleJob):
@@ -352,36 +370,37 @@ class EngineWorker:
             answers = list(batchables[0].run_together(engine, [b.payload for b in batchables]))
             if len(answers) != len(jobs):
                 raise RuntimeError(f"{len(answers)} answers for {len(jobs)} batched jobs")
-        except Exception:  # never answer one model with another's failure: one by one
-            logger.exception("a batch of %d jobs failed; running them one by one", len(jobs))
-            for job in jobs:
-                self._run_job(engine, job)
-            return
+        except Exception as exc:  # the batch as a whole (each job's own failure is an answer)
+            logger.exception("a batch of %d jobs failed", len(jobs))
+            answers = [exc] * len(jobs)
         for job, answer in zip(jobs, answers):
-            if isinstance(answer, BaseException):
-                _fail(job, answer)
-            else:
-                _set(job.future, answer)
+            _end(job, answer)
 
     def _run_job(self, engine: Engine, job: _Queued[Any]) -> None:
         try:
             result = job.fn(engine)
         except BaseException as exc:  # noqa: BLE001 - the job's caller decides what it means
-            _fail(job, exc)
-        else:
-            _set(job.future, result)
+            result = exc
+        _end(job, result)
 
 
-def _set(future: concurrent.futures.Future[Any], value: Any) -> None:
+def _end(job: _Queued[Any] | _SampleJob, outcome: Any) -> None:
+    """Tell the job's caller how it ended (a result, or an exception). Its callback may be
+    called again (a job failed by `fail` that then ends): callers keep the first outcome. A
+    callback that raises is logged, never raised here (the worker thread must go on)."""
     try:
-        future.set_result(value)
+        job.done(outcome)
+    except Exception:
+        logger.exception("the done-callback of an engine job failed")
+
+
+def _resolve(future: concurrent.futures.Future[Any], outcome: Any) -> None:
+    """`submit`'s done-callback: the outcome into its future."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
     except (concurrent.futures.InvalidStateError, RuntimeError):
         # Already resolved, or the event loop that watches it has closed at shutdown.
-        logger.debug("dropping a result nobody can receive any more")
-
-
-def _fail(job: _Queued[Any] | _SampleJob[Any], exc: BaseException) -> None:
-    try:
-        job.future.set_exception(exc)
-    except (concurrent.futures.InvalidStateError, RuntimeError):
-        logger.debug("dropping an error nobody can receive any more")
+        logger.debug("dropping an outcome nobody can receive any more")

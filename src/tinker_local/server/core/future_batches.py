@@ -15,6 +15,8 @@ original client is 0). Used on the event loop only.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from typing import Any
 from tinker import types
 
 from tinker_local.server.core.errors import ApiError
-from tinker_local.server.core.futures import FutureRecord, FutureStore
+from tinker_local.server.core.futures import FutureRecord, FutureStore, WireResult
 from tinker_local.server.core.live_state import ServerState
 from tinker_local.server.core.request_trace import is_failure
 
@@ -50,11 +52,13 @@ class CompletionQueues:
         return self._queues[key]
 
     def track(self, sampler_id: str, seq_id: int, record: FutureRecord) -> None:
-        """Announce `record` on its clone's queue once it is done."""
+        """Announce `record` on its clone's queue once it is done (on the event loop, whichever
+        thread resolves it)."""
         queue = self._queue(sampler_id, seq_id // CLONE_BLOCK)
+        loop = asyncio.get_running_loop()
 
-        def done(waiter: asyncio.Future[Any]) -> None:
-            result = None if waiter.cancelled() or waiter.exception() else waiter.result()
+        def done(future: concurrent.futures.Future[WireResult]) -> None:
+            result = None if future.cancelled() or future.exception() else future.result()
             failed = result is None or is_failure(result)
             completion: dict[str, Any] = {"request_id": record.request_id}
             if failed:
@@ -68,7 +72,11 @@ class CompletionQueues:
                 queue.entries.popleft()
             queue.changed.set()
 
-        record.waiter.add_done_callback(done)
+        def on_loop(future: concurrent.futures.Future[WireResult]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody polls
+                loop.call_soon_threadsafe(done, future)
+
+        record.future.add_done_callback(on_loop)
 
     async def poll(
         self,

@@ -1,8 +1,10 @@
 """Futures the SDK polls with `retrieve_future`.
 
-Every asynchronous call answers `{"request_id": ...}` at once; the work resolves a
-`concurrent.futures.Future[WireResult]` later (usually on the engine worker thread). A
-`WireResult` is already encoded for the wire, so `retrieve_future` only sends bytes.
+Every asynchronous call answers `{"request_id": ...}` at once; the work resolves the request's
+one `concurrent.futures.Future[WireResult]` later, with `FutureRecord.settle` (usually on the
+engine worker thread, from the job's done-callback). A `WireResult` is already encoded for the
+wire, so `retrieve_future` only sends bytes. With a store, `settle` writes the result to it
+before resolving the future, so a client never sees a result a restarted server would not have.
 
 Long-polling: a poll of a pending future is held until the result arrives or `long_poll_s`
 passes, then answered "try again" (see `TRY_AGAIN_STATUS`). When the server stops, every held
@@ -16,9 +18,11 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +76,34 @@ def user_failure(message: str) -> WireResult:
 class FutureRecord:
     request_id: str
     kind: str
-    future: concurrent.futures.Future[WireResult]
-    # The same result seen from the server's event loop, for long-polling without threads.
-    waiter: asyncio.Future[WireResult]
+    # The request's result: resolved once, by `settle`; read by polls, traces, queues.
+    future: concurrent.futures.Future[WireResult] = field(
+        default_factory=concurrent.futures.Future
+    )
     owner: str = field(default_factory=current_owner)
     created_at: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     retrieved_at: float | None = None
+    # Keeps the result (the store) before anyone can see it.
+    keep: Callable[[WireResult], None] | None = None
+    _settling: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def settle(self, outcome: object) -> None:
+        """Resolve the future with `outcome`: a `WireResult`, or an exception (its error
+        result). Any thread; the first outcome wins, later ones are dropped."""
+        if isinstance(outcome, WireResult):
+            result = outcome
+        elif isinstance(outcome, BaseException):
+            result = failure_result(outcome)
+        else:
+            result = failure_result(RuntimeError(f"job returned {type(outcome).__name__}"))
+        with self._settling:
+            if self.future.done():
+                logger.debug("future %s was already resolved", self.request_id)
+                return
+            if self.keep is not None:
+                self.keep(result)
+            self.future.set_result(result)
 
 
 class FutureStore:
@@ -94,40 +119,16 @@ class FutureStore:
         self._release: asyncio.Future[None] | None = None  # resolved on the loop by release_polls
 
     def create(self, kind: str) -> FutureRecord:
-        loop = asyncio.get_running_loop()
-        request_id = f"req-{uuid.uuid4().hex}"
-        owner = current_owner()
-        future: concurrent.futures.Future[WireResult] = concurrent.futures.Future()
-        if self._store is not None:
-            # Registered before the waiter: a result is on disk before any client can see it.
-            self._persist(request_id, owner, kind, future, self._store)
-        record = FutureRecord(
-            request_id=request_id,
-            kind=kind,
-            future=future,
-            waiter=asyncio.wrap_future(future, loop=loop),
-            owner=owner,
-        )
+        record = FutureRecord(request_id=f"req-{uuid.uuid4().hex}", kind=kind)
+        store = self._store
+        if store is not None:
+            store.add_future(record.request_id, record.owner, kind)
+            record.keep = lambda result: store.finish_future(
+                record.request_id, result.body, result.media_type
+            )
         self._records[record.request_id] = record
         self._sweep()
         return record
-
-    @staticmethod
-    def _persist(
-        request_id: str,
-        owner: str,
-        kind: str,
-        future: concurrent.futures.Future[WireResult],
-        store: Store,
-    ) -> None:
-        store.add_future(request_id, owner, kind)
-
-        def finished(done: concurrent.futures.Future[WireResult]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                result = done.result()
-                store.finish_future(request_id, result.body, result.media_type)
-
-        future.add_done_callback(finished)
 
     def stored(self, request_id: str, owner: str) -> WireResult | None:
         """The result of a future from the store (an earlier process, or swept from memory)."""
@@ -141,7 +142,7 @@ class FutureStore:
 
     def resolved(self, kind: str, result: WireResult) -> FutureRecord:
         record = self.create(kind)
-        record.future.set_result(result)
+        record.settle(result)
         return record
 
     def get(self, request_id: str) -> FutureRecord | None:
@@ -180,18 +181,21 @@ class FutureStore:
         shutting down") would reach the client as a final error, which the SDK logs. Results are
         kept in the store (when there is one) for a restarted server to answer.
 
+        The poll waits on a view of the record's future on this loop (`asyncio.wrap_future`);
         `asyncio.wait` never cancels what it waits on, so a client that hangs up mid-poll cannot
         cancel the work.
         """
-        if not record.waiter.done() and not self._released:
+        if not record.future.done() and not self._released:
             release = self._release_future()
             await asyncio.wait(
-                [record.waiter, release], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                [asyncio.wrap_future(record.future), release],
+                timeout=timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
             )
-        if self._released or not record.waiter.done():
+        if self._released or not record.future.done():
             return None
         record.retrieved_at = time.monotonic()
-        return record.waiter.result()
+        return record.future.result()
 
     def release_polls(self) -> None:
         """Answer every held poll now and hold no more. Safe from any thread."""

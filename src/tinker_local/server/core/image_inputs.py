@@ -10,10 +10,11 @@ prompt's image chunks are checked here; each problem is a 4xx that names where i
   allows, and nothing else of the host is opened, nor is whether a file exists revealed;
 - the model: a text-only model takes no images; `expected_tokens` must be what the model's own
   image processor makes of the image (the geometry the engine reports, `contract.VisionModels`),
-  a mismatch names both numbers; the image placeholder id may not appear as text;
-- targets: a datum's `weights` / `advantages` must be 0 where the target is an image token.
+  a mismatch names both numbers; the image placeholder id may not appear as text.
 
-Then the chunks go on as `ImageChunk`s with `expected_tokens` set: the engine's input.
+Then the chunks go on as `ImageChunk`s with `expected_tokens` set: the engine's input. What a
+training datum's counted images mean for its loss inputs (no weight or advantage where the
+target is an image token) is a datum check like the others (engine/contract/datum_checks.py).
 """
 
 from __future__ import annotations
@@ -22,23 +23,16 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-import numpy as np
 from tinker import types
 
 from tinker_local.engine.contract import ImageGeometry
-from tinker_local.engine.contract.image_chunks import (
-    InputLayout,
-    image_target_positions,
-    image_token_count,
-)
+from tinker_local.engine.contract.image_chunks import image_token_count
 from tinker_local.engine.contract.image_decoding import ImageRefused, inspect_image, read_size
 from tinker_local.server.core import chunk_kinds
 from tinker_local.server.core.errors import UserError
 
 # An image file an asset pointer names is read only up to this size.
 MAX_IMAGE_FILE_BYTES = 64 * 1024 * 1024
-# Inputs that say a position is trained on.
-_TARGET_MARKS = ("weights", "advantages")
 
 
 # ---- bytes --------------------------------------------------------------------------------------
@@ -150,42 +144,3 @@ def counted_input(where: str, model_input: types.ModelInput, geometry: ImageGeom
         chunks.append(types.ImageChunk.model_construct(
             data=chunk.data, format=chunk.format, expected_tokens=count, type="image"))
     return types.ModelInput.model_construct(chunks=chunks)
-
-
-def check_image_targets(index: int, datum: types.Datum, arranged: InputLayout) -> None:
-    """No loss weight or advantage where the target is an image token."""
-    positions = image_target_positions(len(arranged.tokens), arranged.images)
-    if not positions:
-        return
-    for key in _TARGET_MARKS:
-        tensor = datum.loss_fn_inputs.get(key)
-        if tensor is None:
-            continue
-        values = np.asarray(tensor.to_numpy())
-        if values.ndim == 0 or values.shape[0] != len(arranged.tokens):
-            continue  # the length check names this one
-        marked = values[positions].reshape(len(positions), -1) != 0
-        hits = np.flatnonzero(marked.any(axis=1))
-        if hits.size:
-            position = positions[int(hits[0])]
-            raise UserError(
-                f"datum {index}: loss_fn_inputs[{key!r}] is {values[position]} at position "
-                f"{position}, whose target is an image token (position {position + 1} of "
-                "model_input is inside an image): image positions carry no targets; give them 0")
-
-
-def input_tokens(where: str, model_input: types.ModelInput) -> tuple[np.ndarray, int]:
-    """The text token ids of `model_input` and its length in positions (images count their
-    `expected_tokens`, which must be set by now: `counted_input`)."""
-    text: list[int] = []
-    length = 0
-    for c, chunk in enumerate(model_input.chunks):
-        if isinstance(chunk, types.EncodedTextChunk):
-            text.extend(chunk.tokens)
-            length += len(chunk.tokens)
-        elif isinstance(chunk, types.ImageChunk) and chunk.expected_tokens is not None:
-            length += int(chunk.expected_tokens)
-        else:
-            raise UserError(f"{where} chunk {c}: an image whose tokens were not counted (the "
-                            "model's image geometry is unknown)")
-    return np.asarray(text, dtype=np.int64), length

@@ -1,8 +1,8 @@
 """Configurable limits (`ServerSettings`): base models, adapters, sampled sequence length.
 
-Each is a permanent 400 naming the limit and the `serve` flag that raises it. (A training
-datum's length is checked with the other datum checks, `datum_checks.check_lengths`; the queue
-limit, a retryable 429, is `Service.check_queue`.)
+Each is a permanent 400 naming the limit and the `serve` flag that raises it. (What makes a
+datum valid is the contract's, engine/contract/datum_checks.py; the queue limit, a retryable
+429, is `Service.check_queue`.)
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ MAX_NUM_SAMPLES = 1024
 MAX_TOPK_PROMPT_LOGPROBS = 1024
 MAX_TOPK_SAMPLE_LOGPROBS = 1024
 # target_prompt_logprobs and prompt_alt_tokens_k cost len(prompt) x (distinct ids, or k): bounded
-# like a top-k width.
+# like a top-k width (prompt_alt_tokens_k's bound is the engine's, contract.MAX_PROMPT_ALT_TOKENS_K).
 MAX_TARGET_PROMPT_IDS = 1024
-MAX_PROMPT_ALT_TOKENS_K = 1024
 
 
 def _live_base_models(svc: Service) -> set[str]:
@@ -53,6 +52,19 @@ def check_new_adapter(svc: Service, base_model: str) -> None:
             f"cannot create another LoRA model on {base_model!r}: {count} are live, the limit "
             "(tinker-local serve --max-adapters-per-base); finish idle sessions first",
         )
+
+
+def check_datum_lengths(svc: Service, data: list[types.Datum]) -> None:
+    """Each training datum within the server's `max_sequence_len`."""
+    limit = svc.settings.max_sequence_len
+    for index, datum in enumerate(data):
+        length = datum.model_input.length
+        if length > limit:
+            raise ApiError(
+                400,
+                f"datum {index}: model_input has {length} tokens, more than this server's "
+                f"max_sequence_len {limit} (tinker-local serve --max-sequence-len)",
+            )
 
 
 def check_sample_length(svc: Service, prompt_len: int, params: types.SamplingParams) -> None:

@@ -86,6 +86,8 @@ class TrainingModel:
     creation_error: str | None = None
     # Known once created (None if the engine did not say): token ids are checked against it.
     vocab_size: int | None = None
+    # Known with vocab_size: a vision model's image placeholder id (None: a text model).
+    image_token_id: int | None = None
     # The optimizer family (contract.OPTIMIZERS) chosen at creation: optim_step params must match.
     optimizer: str = "adamw"
     # seq_id -> the 4xx message of a request refused before queueing, so a retry of it gets
@@ -94,7 +96,10 @@ class TrainingModel:
 
 
 @dataclass
-class Sampler:
+class SamplingSession:
+    """A sampling session (the SDK's `sampling_session_id`): what the server knows of one of the
+    engine's samplers. (Not the engine's own `engine/sampling/sampler.py` Sampler, which decodes.)"""
+
     sampler_id: str
     session_id: str
     base_model: str
@@ -110,11 +115,11 @@ class ServerState:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
-        self.samplers: dict[str, Sampler] = {}
+        self.samplers: dict[str, SamplingSession] = {}
         # Snapshot samplers unloaded to bound memory (see weights.py), with the reason.
         self.evicted_samplers: dict[str, str] = {}
         # Sampler creations in flight, so a retried create_sampling_session waits for the same.
-        self.sampler_creations: dict[str, asyncio.Task[Sampler]] = {}
+        self.sampler_creations: dict[str, asyncio.Task[SamplingSession]] = {}
         # model_id -> owner of training models that lived in an earlier server process.
         self.lost_models: dict[str, str] = {}
         # model_id -> (owner, why) of training models unloaded with their finished session.
@@ -161,7 +166,7 @@ class ServerState:
         check_owner(model.owner, f"model_id {model_id!r}")
         return model
 
-    def sampler(self, sampler_id_: str) -> Sampler:
+    def sampler(self, sampler_id_: str) -> SamplingSession:
         sampler = self.samplers.get(sampler_id_)
         if sampler is None:
             why = self.evicted_samplers.get(sampler_id_)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -126,6 +125,9 @@ def _datum_from_proto(index: int, msg: pb.Datum) -> types.Datum:
     }
     model_input_spans = _spans_from_proto(index, "model_input_spans", msg.model_input_spans)
     loss_fn_input_spans = _spans_from_proto(index, "loss_fn_input_spans", msg.loss_fn_input_spans)
+    # The one check of the pair: a types.Datum cannot hold half of one (its constructor asserts
+    # it), so it is made here, where the wire can. That the runs tile their fields is a datum
+    # check (engine/contract/datum_checks.py).
     if (model_input_spans is None) != (loss_fn_input_spans is None):
         raise UserError(
             f"datum {index}: provenance comes as a pair: set both model_input_spans and "
@@ -253,13 +255,6 @@ def encode_forward_backward_output(output: types.ForwardBackwardOutput) -> bytes
     for group in _uniform_runs(output.loss_fn_outputs):
         msg.loss_fn_outputs.append(_array_record(group))
     return msg.SerializeToString()
-
-
-@dataclass
-class _Field:
-    dtype: str
-    trailing: tuple[int, ...]
-    arrays: list[np.ndarray]
 
 
 def _signature(datum: dict[str, types.TensorData]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:

@@ -27,7 +27,6 @@ from tinker_local.server.core.futures import (
     FutureRecord,
     FutureStore,
     WireResult,
-    failure_result,
     user_failure,
 )
 from tinker_local.server.core.live_state import ServerState, TrainingModel, remember, restore
@@ -174,26 +173,21 @@ class Service:
         """Run `fn(engine)` on the worker and wait for it (for calls that answer directly)."""
         return await asyncio.wrap_future(self.worker.submit(fn))
 
-    def resolve_from_job(
+    def _settle_on_loop(
         self,
         record: FutureRecord,
         job: concurrent.futures.Future[Any],
-        on_loop: Callable[[Any], WireResult] | None = None,
+        on_loop: Callable[[Any], WireResult],
     ) -> None:
-        """When `job` ends, resolve `record`: with `on_loop(value)` (run on the event loop, for
-        results that update server state) or with the job's own WireResult."""
-        if on_loop is None:
-            job.add_done_callback(lambda done: _copy_outcome(done, record))
-            return
+        """When `job` ends, settle `record` with `on_loop(value)`, run on the event loop (for
+        results that update server state)."""
 
         async def finish() -> None:
             try:
-                value = await asyncio.wrap_future(job)
-                result = on_loop(value)
+                result: WireResult | Exception = on_loop(await asyncio.wrap_future(job))
             except Exception as exc:  # noqa: BLE001 - becomes the future's error
-                result = failure_result(exc)
-            if not record.future.done():
-                record.future.set_result(result)
+                result = exc
+            record.settle(result)
 
         self.spawn(finish())
 
@@ -238,13 +232,18 @@ class Service:
         remember(model.requests_by_seq, seq_id, record.request_id)
 
         def release() -> None:
-            queued = self.worker.submit(job.run, model=model.model_id, batchable=job.batchable)
-            self.resolve_from_job(record, queued, on_loop)
+            if on_loop is None:  # the job's WireResult (or error) is the answer
+                self.worker.submit_then(
+                    job.run, record.settle, model=model.model_id, batchable=job.batchable
+                )
+            else:
+                queued = self.worker.submit(job.run, model=model.model_id, batchable=job.batchable)
+                self._settle_on_loop(record, queued, on_loop)
 
         try:
             model.sequencer.offer(seq_id, is_forward_backward=is_forward_backward, release=release)
         except Late as exc:
-            record.future.set_result(user_failure(str(exc)))
+            record.settle(user_failure(str(exc)))
         return record
 
     def _refuse(
@@ -268,17 +267,3 @@ class Service:
 
 def _message(exc: Exception) -> str:
     return exc.message if isinstance(exc, ApiError) else str(exc)
-
-
-def _copy_outcome(job: concurrent.futures.Future[Any], record: FutureRecord) -> None:
-    exc = job.exception()
-    if exc is not None:
-        result = failure_result(exc)
-    else:
-        result = job.result()
-        if not isinstance(result, WireResult):
-            result = failure_result(RuntimeError(f"job returned {type(result).__name__}"))
-    try:
-        record.future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        logger.debug("future %s was already resolved", record.request_id)

@@ -74,10 +74,8 @@ def _finish(svc: Service, session: Session, reason: str) -> None:
             model.sequencer.close()
             for seq_id in waiting:
                 record = svc.futures.get(model.requests_by_seq.get(seq_id, ""))
-                if record is not None and not record.future.done():
-                    record.future.set_result(
-                        user_failure(f"session {session.session_id} finished ({reason})")
-                    )
+                if record is not None:
+                    record.settle(user_failure(f"session {session.session_id} finished ({reason})"))
     for sid in sampler_ids:
         if svc.state.samplers.pop(sid, None) is not None:
             remember(svc.state.evicted_samplers, sid, why)

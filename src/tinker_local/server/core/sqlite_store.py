@@ -12,6 +12,13 @@ their results are written as they happen. After a restart on the same home:
 
 One connection, shared by the event loop and the engine thread (which finishes futures),
 behind a lock. Checkpoint folders stay the source of truth for checkpoints.
+
+This module holds the core's tables (sessions, models, samplers, futures). A feature keeps its
+own tables in the same database file, next to its code (the audit log in audit_log.py, stability
+records in server/training/sampler_records.py, custom losses in
+server/training/custom_losses.py): it creates them with `create_tables` (CREATE ... IF NOT
+EXISTS, so a database written by any earlier version opens as it is), adds what older versions
+lack with `add_columns`, and reads and writes with `execute` / `execute_many`.
 """
 
 from __future__ import annotations
@@ -40,18 +47,6 @@ CREATE TABLE IF NOT EXISTS samplers (
 CREATE TABLE IF NOT EXISTS futures (
     request_id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL,
     state TEXT NOT NULL, media_type TEXT, body BLOB, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS audit (
-    owner TEXT NOT NULL, event TEXT NOT NULL, details TEXT NOT NULL, time REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS audit_owner_time ON audit (owner, time);
-CREATE TABLE IF NOT EXISTS sequence_records (
-    sequence_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
-    sampler_id TEXT NOT NULL, weights TEXT NOT NULL, prompt BLOB NOT NULL, tokens BLOB NOT NULL,
-    logprobs BLOB NOT NULL, created_at REAL NOT NULL, last_used REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS sequence_records_last_used ON sequence_records (last_used);
-CREATE TABLE IF NOT EXISTS custom_losses (
-    loss_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
-    seq_id INTEGER NOT NULL, name TEXT NOT NULL, inputs TEXT NOT NULL, graph TEXT NOT NULL,
-    created_at REAL NOT NULL);
 """
 
 # Futures and their results are kept this long (a week), then dropped at the next start.
@@ -92,29 +87,14 @@ class StoredSampler:
 
 
 @dataclass(frozen=True)
-class SessionRow:
-    session_id: str
-    owner: str
-    user_metadata: dict[str, Any] | None
-    created_at: float
-    finished: str | None
-    project_id: str | None
-    display_name: str | None
-
-
-@dataclass(frozen=True)
 class StoredSession:
     session_id: str
     owner: str
     user_metadata: dict[str, Any] | None
     created_at: float
+    finished: str | None = None  # the finish reason, once finished
     project_id: str | None = None
     display_name: str | None = None
-
-
-# A sampled sequence's stability record (see server/training/sampler_records.py): token ids as int32 bytes, the
-# sampler's logprobs as float32 bytes.
-SequenceRow = tuple[str, str, str, str, str, bytes, bytes, bytes, float, float]
 
 
 class Store:
@@ -130,92 +110,93 @@ class Store:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._migrate()
-
-    def _migrate(self) -> None:
-        """Add columns that stores written by older versions lack."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(samplers)")}
-        if "kind" not in columns:
-            self._db.execute("ALTER TABLE samplers ADD COLUMN kind TEXT")
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
-        for column in ("project_id", "display_name"):
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
+        self.create_tables(SCHEMA)
+        # Columns that stores written by older versions lack.
+        self.add_columns("samplers", {"kind": "TEXT"})
+        self.add_columns("sessions", {"project_id": "TEXT", "display_name": "TEXT"})
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    # -- for the core and the features alike --------------------------------------------------
+
+    def create_tables(self, schema: str) -> None:
+        """Run `schema`, CREATE TABLE / INDEX ... IF NOT EXISTS statements (a feature's own
+        tables; idempotent, so every start may call it)."""
+        with self._lock:
+            self._db.executescript(schema)
+
+    def add_columns(self, table: str, columns: dict[str, str]) -> None:
+        """Add the columns (name -> SQL type) that `table` lacks (a store from an older version)."""
+        with self._lock:
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in present:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+    def execute(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement; its rows."""
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
+        """Run one statement per row (one lock, one implicit transaction each); rows changed."""
+        with self._lock:
+            return self._db.executemany(sql, rows).rowcount
+
+    def changed(self, sql: str, args: tuple[Any, ...] = ()) -> int:
+        """Run one UPDATE or DELETE; how many rows it changed."""
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
 
     # -- start-up ---------------------------------------------------------------------------------
 
     def interrupt_pending(self) -> int:
         """Mark futures left pending by a previous process as interrupted (call at start)."""
-        with self._lock:
-            cur = self._db.execute(
-                "UPDATE futures SET state = 'interrupted' WHERE state = 'pending'"
-            )
-            return cur.rowcount
+        return self.changed("UPDATE futures SET state = 'interrupted' WHERE state = 'pending'")
 
     def prune(self, keep_s: float = KEEP_FUTURES_S, now: float | None = None) -> int:
         """Drop futures (and their result bodies) older than `keep_s`."""
         cutoff = (time.time() if now is None else now) - keep_s
-        with self._lock:
-            return self._db.execute("DELETE FROM futures WHERE created_at < ?", (cutoff,)).rowcount
+        return self.changed("DELETE FROM futures WHERE created_at < ?", (cutoff,))
 
     def open_sessions(self) -> list[StoredSession]:
-        rows = self._run(
-            "SELECT session_id, owner, user_metadata, created_at, project_id, display_name "
-            "FROM sessions WHERE finished IS NULL"
-        )
-        return [StoredSession(r[0], r[1], _loads(r[2]), r[3], r[4], r[5]) for r in rows]
+        return self._sessions("finished IS NULL")
 
     # -- writes -----------------------------------------------------------------------------------
 
     def add_session(
         self, session_id: str, owner: str, user_metadata: Any, created_at: float
     ) -> None:
-        self._run(
+        self.execute(
             "INSERT OR REPLACE INTO sessions (session_id, owner, user_metadata, created_at, "
             "finished) VALUES (?, ?, ?, ?, NULL)",
             (session_id, owner, _dumps(user_metadata), created_at),
         )
 
     def finish_session(self, session_id: str, reason: str) -> None:
-        self._run("UPDATE sessions SET finished = ? WHERE session_id = ?", (reason, session_id))
+        self.execute("UPDATE sessions SET finished = ? WHERE session_id = ?", (reason, session_id))
 
     def describe_session(
         self, session_id: str, project_id: str | None, display_name: str | None
     ) -> None:
-        self._run(
+        self.execute(
             "UPDATE sessions SET project_id = ?, display_name = ? WHERE session_id = ?",
             (project_id, display_name, session_id),
         )
 
-    def add_audit(self, owner: str, event: str, details: dict[str, Any], at: float) -> None:
-        try:
-            self._run(
-                "INSERT INTO audit (owner, event, details, time) VALUES (?, ?, ?, ?)",
-                (owner, event, _dumps(details), at),
-            )
-        except sqlite3.Error as exc:  # e.g. closed at shutdown
-            logger.warning("could not store audit event %s: %s", event, exc)
-
     def add_model(
         self, model_id: str, session_id: str, owner: str, base_model: str, metadata: Any
     ) -> None:
-        self._run(
+        self.execute(
             "INSERT OR REPLACE INTO models (model_id, session_id, owner, base_model, lora_rank, "
             "user_metadata, created_at) VALUES (?, ?, ?, ?, NULL, ?, ?)",
             (model_id, session_id, owner, base_model, _dumps(metadata), time.time()),
         )
 
     def model_created(self, model_id: str, base_model: str, lora_rank: int | None) -> None:
-        self._run(
+        self.execute(
             "UPDATE models SET base_model = ?, lora_rank = ? WHERE model_id = ?",
             (base_model, lora_rank, model_id),
         )
@@ -232,14 +213,14 @@ class Store:
         """`kind` defaults to "checkpoint" with a path, else "base"; snapshots must say so."""
         kind = kind or ("checkpoint" if path else "base")
         assert kind in SAMPLER_KINDS, kind
-        self._run(
+        self.execute(
             "INSERT OR REPLACE INTO samplers (sampler_id, session_id, owner, base_model, "
             "model_path, created_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (sampler_id, session_id, owner, base_model, path, time.time(), kind),
         )
 
     def add_future(self, request_id: str, owner: str, kind: str) -> None:
-        self._run(
+        self.execute(
             "INSERT OR IGNORE INTO futures (request_id, owner, kind, state, media_type, body, "
             "created_at) VALUES (?, ?, ?, 'pending', NULL, NULL, ?)",
             (request_id, owner, kind, time.time()),
@@ -247,7 +228,7 @@ class Store:
 
     def finish_future(self, request_id: str, body: bytes, media_type: str) -> None:
         try:
-            self._run(
+            self.execute(
                 "UPDATE futures SET state = 'done', body = ?, media_type = ? WHERE request_id = ?",
                 (body, media_type, request_id),
             )
@@ -258,104 +239,48 @@ class Store:
 
     def future(self, request_id: str) -> tuple[str, str, str, str | None, bytes | None] | None:
         """(owner, kind, state, media_type, body) of a stored future, or None."""
-        rows = self._run(
+        rows = self.execute(
             "SELECT owner, kind, state, media_type, body FROM futures WHERE request_id = ?",
             (request_id,),
         )
         return rows[0] if rows else None
 
     def model_owners(self) -> dict[str, str]:
-        return dict(self._run("SELECT model_id, owner FROM models"))
+        return dict(self.execute("SELECT model_id, owner FROM models"))
 
     def open_samplers(self) -> list[StoredSampler]:
         """Samplers of sessions that were not finished."""
-        rows = self._run(
+        rows = self.execute(
             "SELECT s.sampler_id, s.session_id, s.owner, s.base_model, s.model_path, s.kind "
             "FROM samplers s JOIN sessions USING (session_id) WHERE sessions.finished IS NULL"
         )
         return [StoredSampler(*row) for row in rows]
 
-    def sessions_of(self, owner: str) -> list[SessionRow]:
+    def sessions_of(self, owner: str) -> list[StoredSession]:
         """Every session of `owner`, finished or not, from every process on this store."""
-        rows = self._run(
+        return self._sessions("owner = ?", (owner,))
+
+    def _sessions(self, where: str, args: tuple[Any, ...] = ()) -> list[StoredSession]:
+        rows = self.execute(
             "SELECT session_id, owner, user_metadata, created_at, finished, project_id, "
-            "display_name FROM sessions WHERE owner = ?",
-            (owner,),
+            f"display_name FROM sessions WHERE {where}",
+            args,
         )
-        return [SessionRow(r[0], r[1], _loads(r[2]), r[3], r[4], r[5], r[6]) for r in rows]
+        return [StoredSession(r[0], r[1], _loads(r[2]), *r[3:]) for r in rows]
 
     def session_members(self, session_id: str) -> tuple[list[str], list[str]]:
         """(model ids, sampler ids) a session created, in every process."""
-        models = self._run(
+        models = self.execute(
             "SELECT model_id FROM models WHERE session_id = ? ORDER BY created_at", (session_id,)
         )
-        samplers = self._run(
+        samplers = self.execute(
             "SELECT sampler_id FROM samplers WHERE session_id = ? ORDER BY created_at",
             (session_id,),
         )
         return [r[0] for r in models], [r[0] for r in samplers]
 
-    def audit_events(self, owner: str, start: float, end: float) -> list[tuple[str, Any, float]]:
-        rows = self._run(
-            "SELECT event, details, time FROM audit WHERE owner = ? AND time >= ? AND time < ? "
-            "ORDER BY time",
-            (owner, start, end),
-        )
-        return [(r[0], _loads(r[1]), r[2]) for r in rows]
-
-    # -- stability records and custom losses (server/training/sampler_records.py, custom_losses.py) --------------------
-
-    def add_sequences(self, rows: list[SequenceRow]) -> None:
-        with self._lock:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO sequence_records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-
-    def sequences(self, sequence_ids: list[str]) -> dict[str, SequenceRow]:
-        found: dict[str, SequenceRow] = {}
-        for start in range(0, len(sequence_ids), 500):  # under SQLite's variable limit
-            batch = sequence_ids[start : start + 500]
-            marks = ", ".join("?" * len(batch))
-            rows = self._run(
-                f"SELECT * FROM sequence_records WHERE sequence_id IN ({marks})", tuple(batch)
-            )
-            found.update((row[0], row) for row in rows)
-        return found
-
-    def touch_sequences(self, sequence_ids: list[str], now: float) -> None:
-        with self._lock:
-            self._db.executemany(
-                "UPDATE sequence_records SET last_used = ? WHERE sequence_id = ?",
-                [(now, s) for s in sequence_ids],
-            )
-
-    def prune_sequences(self, unused_since: float) -> int:
-        with self._lock:
-            return self._db.execute(
-                "DELETE FROM sequence_records WHERE last_used < ?", (unused_since,)
-            ).rowcount
-
-    def add_custom_loss(
-        self, loss_id: str, session_id: str, owner: str, seq_id: int, name: str, inputs: str,
-        graph: str,
-    ) -> None:
-        self._run(
-            "INSERT OR REPLACE INTO custom_losses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (loss_id, session_id, owner, seq_id, name, inputs, graph, time.time()),
-        )
-
-    def custom_loss(self, loss_id: str) -> tuple[str, str, str, int, str, str, str] | None:
-        """(loss_id, session_id, owner, seq_id, name, inputs JSON, graph JSON), or None."""
-        rows = self._run(
-            "SELECT loss_id, session_id, owner, seq_id, name, inputs, graph FROM custom_losses "
-            "WHERE loss_id = ?",
-            (loss_id,),
-        )
-        return rows[0] if rows else None
-
     def runs(self, owner: str) -> dict[str, StoredRun]:
-        rows = self._run(
+        rows = self.execute(
             "SELECT model_id, session_id, owner, base_model, lora_rank, user_metadata, "
             "created_at FROM models WHERE owner = ?",
             (owner,),

@@ -17,7 +17,6 @@ runs, and its prompt and sampled tokens count in usage. A call on a checkpoint i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -176,8 +175,8 @@ class Generation:
             )
             # Every call follows its tokens: a streamed one to send them, any other to be
             # taken out of the batch when its client leaves (`close`).
-            job = svc.worker.submit_sample(request, _outcome, self._progress(loop, index))
-            job.add_done_callback(self._on_done(loop, index))
+            svc.worker.submit_sample(
+                request, self._on_done(loop, index), self._progress(loop, index))
 
     def _progress(self, loop: asyncio.AbstractEventLoop, index: int):
         def progress(deltas: Sequence[SampleDelta]) -> bool:  # on the engine thread
@@ -192,9 +191,13 @@ class Generation:
         return progress
 
     def _on_done(self, loop: asyncio.AbstractEventLoop, index: int):
-        def done(job: concurrent.futures.Future[SampleOutcome]) -> None:  # any thread
-            exc = job.exception()
-            outcome = exc if exc is not None else job.result()
+        ended = False
+
+        def done(outcome: SampleOutcome) -> None:  # any thread
+            nonlocal ended
+            if ended:  # the worker may fail a request the backend answers later: first wins
+                return
+            ended = True
             if isinstance(outcome, BaseException):
                 event = Event(index, error=refusal(outcome))
             else:
@@ -256,10 +259,6 @@ class Generation:
                                    sampling_sample=sum(self._sampled.values()))
         if self._lease is not None:
             self._lease.release()
-
-
-def _outcome(outcome: SampleOutcome) -> SampleOutcome:
-    return outcome
 
 
 async def _disconnect(receive: Receive) -> None:

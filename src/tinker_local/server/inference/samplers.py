@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tinker_local.engine.contract import Engine
 from tinker_local.server.core import limits
 from tinker_local.server.core.errors import error_message
-from tinker_local.server.core.live_state import Sampler
+from tinker_local.server.core.live_state import SamplingSession
 from tinker_local.server.core.owners import current_owner
 from tinker_local.server.core.service import Service
 from tinker_local.server.inference.errors import InferenceError
@@ -97,7 +97,7 @@ class InferenceSamplers:
             raise InferenceError(
                 400, f"model {target.name!r} cannot be loaded: {error_message(exc)}", "model"
             ) from exc
-        svc.state.samplers[sampler_id] = Sampler(
+        svc.state.samplers[sampler_id] = SamplingSession(
             sampler_id, INFERENCE_SESSION, target.base_model, target.checkpoint, owner=key[0]
         )
         entry = self._entries[key] = _Entry(sampler_id)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from tinker_local.engine.contract import Engine
 from tinker_local.server.core import limits, tinker_paths
 from tinker_local.server.core.errors import ApiError, error_message
-from tinker_local.server.core.live_state import Sampler
+from tinker_local.server.core.live_state import SamplingSession
 from tinker_local.server.core.owners import current_owner
 from tinker_local.server.core.service import Service
 from tinker_local.server.core.sqlite_store import StoredSampler
@@ -63,7 +63,7 @@ async def _restore(svc: Service, stored: StoredSampler) -> None:
             410, f"{gone} and it could not be loaded again: {error_message(exc)}"
         ) from exc
     session = svc.state.sessions.get(stored.session_id)
-    svc.state.samplers[stored.sampler_id] = Sampler(
+    svc.state.samplers[stored.sampler_id] = SamplingSession(
         stored.sampler_id, stored.session_id, stored.base_model, stored.model_path, stored.owner
     )
     if session is not None:

@@ -13,12 +13,18 @@ from typing import Any
 
 from tinker import types
 
-from tinker_local.engine.contract import Engine, ImageSlot, SampleOutcome, SamplingRequest
+from tinker_local.engine.contract import (
+    MAX_PROMPT_ALT_TOKENS_K,
+    Engine,
+    ImageSlot,
+    SampleOutcome,
+    SamplingRequest,
+)
 from tinker_local.engine.contract.image_chunks import InputLayout
 from tinker_local.server.core import chunk_kinds, limits, protobuf, tinker_paths
 from tinker_local.server.core.errors import ApiError, error_message
 from tinker_local.server.core.futures import PROTOBUF, WireResult, failure_result
-from tinker_local.server.core.live_state import Sampler, remember, sampler_id
+from tinker_local.server.core.live_state import SamplingSession, remember, sampler_id
 from tinker_local.server.core.service import Service
 from tinker_local.server.sampling import prompt_targets
 from tinker_local.server.training import weights
@@ -47,7 +53,7 @@ def _session_answer(new_id: str) -> dict[str, Any]:
 
 async def _create_sampler(
     svc: Service, new_id: str, session_id: str, req: types.CreateSamplingSessionRequest
-) -> Sampler:
+) -> SamplingSession:
     adapter_dir: Path | None = None
     if req.model_path:
         _path, adapter_dir = tinker_paths.existing_checkpoint(
@@ -69,7 +75,7 @@ async def _create_sampler(
     except Exception as exc:  # reported at once: a 5xx would be retried for minutes
         raise ApiError(400, f"cannot create sampler: {error_message(exc)}") from exc
     session = svc.state.session(session_id, live=False)
-    sampler = Sampler(new_id, session_id, base_model, req.model_path, owner=session.owner)
+    sampler = SamplingSession(new_id, session_id, base_model, req.model_path, owner=session.owner)
     svc.state.samplers[new_id] = sampler
     session.sampler_ids.append(new_id)
     if svc.store is not None:
@@ -109,10 +115,10 @@ def _check_sample_request(req: types.SampleRequest, prompt: list[int]) -> None:
     ):
         if not 0 <= k <= limit:
             raise ApiError(400, f"{name} must be between 0 and {limit}, got {k}")
-    if not 0 <= req.prompt_alt_tokens_k <= limits.MAX_PROMPT_ALT_TOKENS_K:
+    if not 0 <= req.prompt_alt_tokens_k <= MAX_PROMPT_ALT_TOKENS_K:
         raise ApiError(
             400,
-            f"prompt_alt_tokens_k must be between 0 and {limits.MAX_PROMPT_ALT_TOKENS_K}, got "
+            f"prompt_alt_tokens_k must be between 0 and {MAX_PROMPT_ALT_TOKENS_K}, got "
             f"{req.prompt_alt_tokens_k}",
         )
     if req.prompt_alt_tokens_k and len(prompt) < 2:
@@ -192,7 +198,15 @@ def asample(
             protobuf.encode_sample_response(answer, prompt_logprobs_last_n=last_n), PROTOBUF
         )
 
-    svc.resolve_from_job(record, svc.worker.submit_sample(engine_request, finish))
+    def done(answer: SampleOutcome) -> None:
+        """The backend's answer, encoded into the request's future (on the worker thread)."""
+        try:
+            result: WireResult | Exception = finish(answer)
+        except Exception as exc:  # noqa: BLE001 - becomes this sample's error
+            result = exc
+        record.settle(result)
+
+    svc.worker.submit_sample(engine_request, done)
     answer = {"request_id": record.request_id, "sample_sequence_ids": sequence_ids}
     remember(sampler.answers_by_seq, req.seq_id, answer)
     return answer

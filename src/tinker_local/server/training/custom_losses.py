@@ -5,7 +5,8 @@ The SDK uploads a loss (`ServiceClient.create_custom_loss`, when the client conf
 as plain data. The graph is checked against the engine's allow-list of operations at once
 (`contract.check_custom_loss`, no torch): a graph that names anything off the list gets a 4xx
 naming it, and nothing is stored. A stored loss belongs to its session (and owner) and is kept
-in the SQLite store with the session, so a restart keeps it. `forward_backward_custom` then
+in the SQLite store with the session (the table `custom_losses`, created here), so a restart
+keeps it. `forward_backward_custom` then
 sends `forward_backward(data, "custom", {"loss_id": ...})`; `lookup` turns that into the
 `contract.CustomLoss` the engine runs in one forward and backward pass.
 """
@@ -13,6 +14,7 @@ sends `forward_backward(data, "custom", {"loss_id": ...})`; `lookup` turns that 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +29,13 @@ from tinker_local.server.core.futures import FutureRecord, FutureStore, json_res
 from tinker_local.server.core.live_state import ServerState, TrainingModel
 from tinker_local.server.core.service import Service
 from tinker_local.server.core.sqlite_store import Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS custom_losses (
+    loss_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    seq_id INTEGER NOT NULL, name TEXT NOT NULL, inputs TEXT NOT NULL, graph TEXT NOT NULL,
+    created_at REAL NOT NULL);
+"""
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class CustomLosses:
 
     def __init__(self, store: Store | None) -> None:
         self._store = store
+        if store is not None:
+            store.create_tables(SCHEMA)
         self._losses: dict[str, StoredLoss] = {}
         self._by_seq: dict[tuple[str, int], str] = {}  # (session, custom_loss_seq_id) -> id
 
@@ -63,19 +74,26 @@ class CustomLosses:
         self._losses[loss_id] = StoredLoss(session_id, owner, loss)
         self._by_seq[(session_id, req.custom_loss_seq_id)] = loss_id
         if self._store is not None:
-            self._store.add_custom_loss(
-                loss_id, session_id, owner, req.custom_loss_seq_id, req.name,
-                json.dumps([i.model_dump(mode="json") for i in req.inputs]),
-                req.graph.model_dump_json(),
+            self._store.execute(
+                "INSERT OR REPLACE INTO custom_losses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    loss_id, session_id, owner, req.custom_loss_seq_id, req.name,
+                    json.dumps([i.model_dump(mode="json") for i in req.inputs]),
+                    req.graph.model_dump_json(), time.time(),
+                ),
             )
         return loss_id
 
     def get(self, loss_id: str) -> StoredLoss | None:
         stored = self._losses.get(loss_id)
         if stored is None and self._store is not None:
-            row = self._store.custom_loss(loss_id)
-            if row is not None:  # stored by an earlier process of this server
-                _id, session_id, owner, _seq, name, inputs, graph = row
+            rows = self._store.execute(
+                "SELECT session_id, owner, name, inputs, graph FROM custom_losses "
+                "WHERE loss_id = ?",
+                (loss_id,),
+            )
+            if rows:  # stored by an earlier process of this server
+                session_id, owner, name, inputs, graph = rows[0]
                 loss = CustomLoss(
                     loss_id,
                     name,

@@ -23,13 +23,17 @@ from tinker_local.config import (
     LORA_ALPHA_METADATA_KEY,
     LORA_DROPOUT_METADATA_KEY,
     LORA_VISION_METADATA_KEY,
+    VALUE_HEAD_METADATA_KEY,
 )
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     Engine,
+    EngineError,
     ForwardBackwardCall,
     LoraSpec,
     ModelInfo,
+    VisionModels,
+    datum_checks,
 )
 from tinker_local.server.core import limits, protobuf
 from tinker_local.server.core.engine_worker import Batchable, Job
@@ -38,19 +42,17 @@ from tinker_local.server.core.futures import (
     PROTOBUF,
     FutureRecord,
     WireResult,
-    failure_result,
     json_result,
 )
 from tinker_local.server.core.live_state import TrainingModel, training_model_id
 from tinker_local.server.core.sequencer import SeqSequencer
 from tinker_local.server.core.service import Service
-from tinker_local.server.training import custom_losses, datum_checks, sampler_records
+from tinker_local.server.training import custom_losses, sampler_records
 
-# The create_model user_metadata key that asks for a value model (see engine/training/value_head.py).
-VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
-# user_metadata keys that set the LoRA scale (alpha; the update is scaled by alpha / rank) and
-# the dropout on the LoRA input while training (config.LORA_*_METADATA_KEY). Values are numbers
-# or their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
+# user_metadata keys of tinker-local's extensions (config.py): a value model
+# (VALUE_HEAD_METADATA_KEY), the LoRA scale (alpha; the update is scaled by alpha / rank) and the
+# dropout on the LoRA input while training (LORA_*_METADATA_KEY). LoRA values are numbers or
+# their decimal strings (the SDK types user_metadata as str -> str). The hosted service has no
 # such settings.
 
 # get_info waits this long for a model still being created before telling the SDK to retry.
@@ -228,6 +230,15 @@ def register_model(
     return model, True
 
 
+def _image_token_id(engine: Engine, base_model: str) -> int | None:
+    """`base_model`'s image placeholder id; None for a text model (or an engine without
+    vision models). Runs on the worker (the model is loaded by then)."""
+    if not isinstance(engine, VisionModels):
+        return None
+    geometry = engine.image_geometry(base_model)
+    return None if geometry is None else geometry.image_token_id
+
+
 def start_creation(
     svc: Service,
     model: TrainingModel,
@@ -236,24 +247,28 @@ def start_creation(
 ) -> FutureRecord:
     """Run the creation job; then resolve `model.ready` (info body, or None on failure) and
     the creation future."""
-    job = svc.worker.submit(job_fn)
+    def created(engine: Engine) -> tuple[ModelInfo, int | None]:
+        info = job_fn(engine)
+        return info, _image_token_id(engine, info.base_model)
+
+    job = svc.worker.submit(created)
 
     async def finish() -> None:
         try:
-            info = await asyncio.wrap_future(job)
+            info, image_token_id = await asyncio.wrap_future(job)
             model.base_model = info.base_model
-            model.vocab_size = info.vocab_size
+            model.vocab_size, model.image_token_id = info.vocab_size, image_token_id
             body = _info_body(model, info)
         except Exception as exc:  # noqa: BLE001 - becomes the creation future's error
             if model.creation_error is None:
                 model.creation_error = str(exc)
             model.ready.set_result(None)
-            model.creation.future.set_result(failure_result(exc))
+            model.creation.settle(exc)
             return
         model.ready.set_result(body)
         if svc.store is not None:
             svc.store.model_created(model.model_id, model.base_model, body.get("lora_rank"))
-        model.creation.future.set_result(json_result(answer))
+        model.creation.settle(json_result(answer))
 
     svc.spawn(finish())
     return model.creation
@@ -349,21 +364,13 @@ def forward_backward(
     def prepare() -> Job[WireResult]:
         if isinstance(data, UserError):
             raise data
-        datum_checks.check_loss_fn(msg.loss_fn, svc.loss_inputs)
-        datum_checks.check_lengths(data, svc.settings.max_sequence_len)
-        datum_checks.check_datums(data, msg.loss_fn, svc.loss_inputs, model.vocab_size)
-        sampler_records.check_tiling(data)
-        config = protobuf.loss_fn_config_from_proto(msg)
-        behavior, custom_loss = None, None
-        if msg.loss_fn == "stable_reinforce":
-            behavior = sampler_records.records_of(svc).resolve(model.session_id, model.owner, data, msg.loss_fn)
-        if msg.loss_fn == "custom":
-            custom_loss = custom_losses.lookup(custom_losses.losses_of(svc), model, config)
-            config = None  # the loss_id only names the loss
-        call = ForwardBackwardCall(
-            model.model_id, data, msg.loss_fn, config, forward_only, behavior, custom_loss
-        )
-        job = ForwardBackwardJob(model, call)
+        try:
+            call = _checked_call(svc, model, msg, data)
+        except EngineError as exc:  # what the contract's checks refuse: this request's 4xx
+            raise UserError(exc.message) from None
+        # Token ids (and which chunks the model takes) wait for the model when its creation
+        # had not answered yet.
+        job = ForwardBackwardJob(model, call, check_token_ids=model.vocab_size is None)
         return Job(job.run, Batchable("forward_backward", job, run_forward_backward_jobs))
 
     return svc.submit_ordered(
@@ -375,16 +382,53 @@ def forward_backward(
     )
 
 
+def _checked_call(
+    svc: Service, model: TrainingModel, msg: pb.ForwardBackwardRequest, data: list[types.Datum]
+) -> ForwardBackwardCall:
+    """The engine call for a request, checked (engine/contract/datum_checks.py) before it is
+    queued: the engine trusts it."""
+    spec = datum_checks.loss_spec(msg.loss_fn, svc.loss_inputs)
+    datum_checks.check_data(data, spec, model.vocab_size, model.image_token_id)
+    limits.check_datum_lengths(svc, data)  # after the check: every image's tokens are counted
+    config = protobuf.loss_fn_config_from_proto(msg)
+    behavior, custom_loss = None, None
+    if spec.behavior:
+        records = sampler_records.records_of(svc)
+        behavior = records.resolve(model.session_id, model.owner, data, msg.loss_fn)
+    if spec.custom:
+        custom_loss = custom_losses.lookup(custom_losses.losses_of(svc), model, config)
+        config = None  # the loss_id only names the loss
+    call = ForwardBackwardCall(
+        model.model_id, data, msg.loss_fn, config, msg.forward_only, behavior, custom_loss
+    )
+    datum_checks.check_call(call, spec)
+    return call
+
+
 @dataclass(frozen=True)
 class ForwardBackwardJob:
     """A forward_backward on the worker: alone (`run`), or with other models' jobs in one
-    `engine.forward_backward_many` (`run_forward_backward_jobs`)."""
+    `engine.forward_backward_many` (`run_forward_backward_jobs`). `check_token_ids`: the call's
+    token ids (and chunks) are still to be checked, against the model the engine made."""
 
     model: TrainingModel
     call: ForwardBackwardCall
+    check_token_ids: bool = False
+
+    def ready(self, engine: Engine) -> None:
+        """What must hold before the engine runs the call (a UserError if not: it fails this
+        job alone, also when it runs with others)."""
+        check_created(self.model)
+        if self.check_token_ids:
+            try:
+                info = engine.model_info(self.model.model_id)
+                datum_checks.check_token_ids(
+                    self.call.data, info.vocab_size, _image_token_id(engine, info.base_model))
+            except EngineError as exc:
+                raise UserError(exc.message) from None
 
     def run(self, engine: Engine) -> WireResult:
-        check_created(self.model)
+        self.ready(engine)
         return _encode(engine.forward_backward(self.call))
 
 
@@ -401,7 +445,7 @@ def run_forward_backward_jobs(
     runnable = []
     for index, job in enumerate(jobs):
         try:
-            check_created(job.model)
+            job.ready(engine)
         except UserError as exc:
             answers[index] = exc
         else:

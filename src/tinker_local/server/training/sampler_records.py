@@ -3,16 +3,17 @@
 A sampling client created with `record_stability_info=True` sends that flag with each sample;
 for every sequence it returns, `record` keeps the request's prompt tokens, the sampled tokens,
 the sampler's logprob of each sampled token, which sampler and weights produced them, and when.
-Records live in the server's SQLite store (a private in-memory one without a database), so a
-restart keeps them. They belong to the session that sampled (and its owner), and can be trained
+Records live in the server's SQLite store (the table `sequence_records`, created here; a private
+in-memory store without a database), so a restart keeps them. They belong to the session that sampled (and its owner), and can be trained
 on for `ServerSettings.stability_keep_s` (one day, as the hosted service) after their last use:
 every training request that uses a record restarts its day.
 
 A training datum names records through its provenance (`Datum.with_provenance`): runs of
 `PromptProvenanceSpan` / `SampledProvenanceSpan` tiling `model_input` and `target_tokens`.
+That the runs tile those fields is a datum check (engine/contract/datum_checks.py, run first);
 `resolve` checks every run against the records (the ids exist, belong to this session and have
-not expired, the runs add up and stay inside what was recorded, the input tokens and the sampled
-target tokens are the recorded ones) and returns, per
+not expired, the runs stay inside what was recorded, the input tokens and the sampled target
+tokens are the recorded ones) and returns, per
 datum, the sampler's logprob of each sampled target token (`contract.Behavior`). Every problem
 is a `UserError` naming the datum, the run and what is wrong.
 """
@@ -30,11 +31,24 @@ from tinker import types
 
 from tinker_local.engine.contract import Behavior
 from tinker_local.server.core.errors import UserError
-from tinker_local.server.core.live_state import Sampler
+from tinker_local.server.core.live_state import SamplingSession
 from tinker_local.server.core.service import Service
-from tinker_local.server.core.sqlite_store import SequenceRow, Store
+from tinker_local.server.core.sqlite_store import Store
 
 logger = logging.getLogger("tinker_local.server")
+
+# Token ids as int32 bytes, the sampler's logprobs as float32 bytes.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sequence_records (
+    sequence_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, owner TEXT NOT NULL,
+    sampler_id TEXT NOT NULL, weights TEXT NOT NULL, prompt BLOB NOT NULL, tokens BLOB NOT NULL,
+    logprobs BLOB NOT NULL, created_at REAL NOT NULL, last_used REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS sequence_records_last_used ON sequence_records (last_used);
+"""
+# One row of it, in column order.
+SequenceRow = tuple[str, str, str, str, str, bytes, bytes, bytes, float, float]
+# Ids per SELECT ... IN (...): under SQLite's limit on bound variables.
+_IDS_PER_QUERY = 500
 
 # At most this often, records unused for longer than the keep time are deleted.
 PRUNE_EVERY_S = 60.0
@@ -73,6 +87,7 @@ def records_of(svc: Service) -> StabilityRecords:
 class StabilityRecords:
     def __init__(self, store: Store | None, keep_s: Callable[[], float]) -> None:
         self._store = store if store is not None else Store.in_memory()
+        self._store.create_tables(SCHEMA)
         self._keep_s = keep_s  # read on each use, so settings changed at run time apply
         self._last_prune = 0.0
         self._prune_lock = threading.Lock()
@@ -80,7 +95,7 @@ class StabilityRecords:
     # -- sampling --------------------------------------------------------------------------------
 
     def recorder(
-        self, sampler: Sampler, prompt: Sequence[int]
+        self, sampler: SamplingSession, prompt: Sequence[int]
     ) -> Callable[[types.SampleResponse, Sequence[str]], None]:
         """What a sample with record_stability_info calls with its response and sequence ids,
         before its future resolves (so the ids are usable as soon as the client has them)."""
@@ -124,7 +139,9 @@ class StabilityRecords:
                 sequence_id, session_id, owner, sampler_id, weights, prompt_bytes,
                 tokens.tobytes(), np.asarray(logprobs, np.float32).tobytes(), now, now,
             ))
-        self._store.add_sequences(rows)
+        self._store.execute_many(
+            "INSERT OR REPLACE INTO sequence_records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+        )
         self._maybe_prune(now)
 
     def _maybe_prune(self, now: float) -> None:
@@ -132,7 +149,9 @@ class StabilityRecords:
             if now - self._last_prune < PRUNE_EVERY_S:
                 return
             self._last_prune = now
-        dropped = self._store.prune_sequences(now - self._keep_s())
+        dropped = self._store.changed(
+            "DELETE FROM sequence_records WHERE last_used < ?", (now - self._keep_s(),)
+        )
         if dropped:
             logger.debug("dropped %d stability records unused for %.0f s", dropped, self._keep_s())
 
@@ -159,47 +178,29 @@ class StabilityRecords:
             for span in (*datum.model_input_spans, *datum.loss_fn_input_spans):
                 ids.append(span.sequence_id)
         unique = list(dict.fromkeys(ids))
-        records = {
-            sid: SequenceRecord.from_row(row) for sid, row in self._store.sequences(unique).items()
-        }
+        records = {sid: SequenceRecord.from_row(row) for sid, row in self.rows(unique).items()}
         keep_s = self._keep_s()
         for index, datum in enumerate(data):
             for span in (*datum.model_input_spans, *datum.loss_fn_input_spans):  # type: ignore[misc]
                 _check_usable(index, span.sequence_id, records, session_id, owner, now, keep_s)
         behavior = tuple(_behavior(i, d, records) for i, d in enumerate(data))
-        self._store.touch_sequences(unique, now)
+        self._store.execute_many(
+            "UPDATE sequence_records SET last_used = ? WHERE sequence_id = ?",
+            [(now, s) for s in unique],
+        )
         return behavior
 
-
-def check_tiling(data: Sequence[types.Datum]) -> None:
-    """Provenance, where a datum has it, tiles the fields it annotates (any loss)."""
-    for index, datum in enumerate(data):
-        if (datum.model_input_spans is None) != (datum.loss_fn_input_spans is None):
-            raise UserError(
-                f"datum {index}: provenance comes as a pair: model_input_spans and "
-                "loss_fn_input_spans"
+    def rows(self, sequence_ids: list[str]) -> dict[str, SequenceRow]:
+        """The stored rows of these ids (unknown ids are left out)."""
+        found: dict[str, SequenceRow] = {}
+        for start in range(0, len(sequence_ids), _IDS_PER_QUERY):
+            batch = sequence_ids[start : start + _IDS_PER_QUERY]
+            marks = ", ".join("?" * len(batch))
+            rows = self._store.execute(
+                f"SELECT * FROM sequence_records WHERE sequence_id IN ({marks})", tuple(batch)
             )
-        if datum.model_input_spans is None or datum.loss_fn_input_spans is None:
-            continue
-        _check_cover(index, "model_input_spans", datum.model_input_spans,
-                     datum.model_input.length, "model_input tokens")
-        targets = datum.loss_fn_inputs.get("target_tokens")
-        if targets is not None:
-            shape = targets.shape or list(np.asarray(targets.to_numpy()).shape)
-            rows = int(shape[0]) if shape else 0
-            _check_cover(index, "loss_fn_input_spans", datum.loss_fn_input_spans, rows,
-                         "target_tokens rows")
-
-
-def _check_cover(
-    index: int, name: str, spans: types.ProvenanceSpans, expected: int, what: str
-) -> None:
-    covered = sum(span.length for span in spans)
-    if covered != expected:
-        raise UserError(
-            f"datum {index}: {name} cover {covered} positions, but the datum has {expected} "
-            f"{what}; the runs must tile it exactly"
-        )
+            found.update((row[0], row) for row in rows)  # type: ignore[misc]
+        return found
 
 
 def _check_usable(

@@ -18,7 +18,7 @@ from tinker_local.server.core import checkpoint_flags, tinker_paths
 from tinker_local.server.core.engine_worker import Job
 from tinker_local.server.core.errors import ApiError, UserError
 from tinker_local.server.core.futures import FutureRecord, WireResult, json_result
-from tinker_local.server.core.live_state import Sampler, TrainingModel, sampler_id
+from tinker_local.server.core.live_state import SamplingSession, TrainingModel, sampler_id
 from tinker_local.server.core.owners import current_owner, write_run_owner
 from tinker_local.server.core.service import Service
 from tinker_local.server.training.model_calls import (
@@ -152,7 +152,7 @@ def _snapshot_sampler(
 
     def on_loop(base_model: str) -> WireResult:
         session = svc.state.session(model.session_id, live=False)
-        svc.state.samplers[new_id] = Sampler(
+        svc.state.samplers[new_id] = SamplingSession(
             new_id,
             session.session_id,
             base_model,
