@@ -121,12 +121,16 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
             proc.wait()
     out = "\n".join(lines)
     assert proc.returncode == 0, out
+    # the first thing it says (after the offline notice where the hub cannot be reached)
+    said = [i for i, line in enumerate(lines) if line.startswith("watch it live at")]
+    loading = next(i for i, line in enumerate(lines) if line.startswith("loading "))
+    assert len(said) == 1 and said[0] < loading, out
     watch = re.fullmatch(
         r"watch it live at (http://127\.0\.0\.1:\d+/) \(this run: (http://127\.0\.0\.1:\d+"
         r"/logs/[0-9a-f]+)\)",
-        lines[0],
+        lines[said[0]],
     )
-    assert watch, out  # the first thing it says
+    assert watch, out
     assert watch.group(2).startswith(watch.group(1))
     assert live_page is not None, out
     # the reward chart of this run, with step 0's point (data-points counts them)
