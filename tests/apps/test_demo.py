@@ -71,12 +71,23 @@ CONSTANT_REWARDS_ADVICE = "every group had constant rewards"
 NOISE = ("Warning", "WARNING", "warning:", "Retrying request", "Traceback", "%|", "it/s]")
 
 
+def _console_page(url: str) -> str:
+    import httpx
+
+    answer = httpx.get(url, timeout=30)
+    assert answer.status_code == 200, (url, answer.status_code, answer.text[:500])
+    return answer.text
+
+
 def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
+    """`make run`'s entry point on the random tiny model, 2 steps: the console URL before
+    anything else, the run's page answering with its reward series while it trains, the
+    estimate before the first step, one line per step, and no library noise (issue 21, 31)."""
     import re
     import subprocess
     import sys
 
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -93,12 +104,41 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
-        check=False,
     )
-    out = done.stdout
-    assert done.returncode == 0, out
-    lines = out.splitlines()
+    lines: list[str] = []
+    live_page = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("step   0  reward") and live_page is None:
+                # the run is going (one more step and the final evaluation to come)
+                watch = next(x for x in lines if x.startswith("watch it live at "))
+                run_url = re.search(r"this run: (http://\S+)\)", watch).group(1)
+                live_page = _console_page(run_url)
+                assert proc.poll() is None, "the run ended before its page was read"
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "\n".join(lines)
+    assert proc.returncode == 0, out
+    # the first thing it says (after the offline notice where the hub cannot be reached)
+    said = [i for i, line in enumerate(lines) if line.startswith("watch it live at")]
+    loading = next(i for i, line in enumerate(lines) if line.startswith("loading "))
+    assert len(said) == 1 and said[0] < loading, out
+    watch = re.fullmatch(
+        r"watch it live at (http://127\.0\.0\.1:\d+/) \(this run: (http://127\.0\.0\.1:\d+"
+        r"/logs/[0-9a-f]+)\)",
+        lines[said[0]],
+    )
+    assert watch, out
+    assert watch.group(2).startswith(watch.group(1))
+    assert live_page is not None, out
+    # the reward chart of this run, with step 0's point (data-points counts them)
+    points = re.search(r'data-chart="reward" data-points="(\d+)"', live_page)
+    assert points and int(points.group(1)) >= 1, live_page[:2000]
     noisy = [
         line
         for line in lines
@@ -108,14 +148,15 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
     estimate = [i for i, line in enumerate(lines) if line.startswith("expected run time")]
     assert len(estimate) == 1, out
     assert re.match(
-        r"expected run time on this machine: [\d.]+-[\d.]+ min \(2 steps", lines[estimate[0]]
+        r"expected run time on this machine: about [\d.]+ min, [\d.]+-[\d.]+ min \(2 steps",
+        lines[estimate[0]],
     ), out
     first_step = next(i for i, line in enumerate(lines) if line.startswith("step   0  reward"))
     assert estimate[0] < first_step  # said before the first step
     assert re.search(r"step   1  reward 0\.000  [\d.]+s  ~[\d.]+ (s|min) left", out), out
     assert re.search(
         r"RL demo: tinker-local/tiny-llama, two-digit addition, [\d.]+ min "
-        r"\(expected [\d.]+-[\d.]+\)",
+        r"\(expected about [\d.]+ min, [\d.]+-[\d.]+ min\)",
         out,
     ), out
     assert re.search(r"step   0:  +[\d.]+%  \[[\d.]+, [\d.]+\]  \(n=8\)", out), out

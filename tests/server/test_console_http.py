@@ -371,3 +371,30 @@ def test_charts_draw_intervals_and_escape_metric_names() -> None:
     long = charts.chart(charts.SPECS[0], [{"step": i, "reward/mean": i} for i in range(5000)])
     assert long.points == 5000 and long.svg.count("<circle") == 0
     assert len(long.svg) < 40_000  # thinned to MAX_DRAWN points
+
+
+def test_reward_band_is_one_standard_error_as_in_reward_png() -> None:
+    """The console's reward band is reward.png's (`rl/metrics.py`): ± 1 standard error of each
+    step's batch mean, not min-max, which spans 0 to 1 at nearly every step of a 0/1 reward."""
+    from tinker_local.rl.metrics import _standard_error
+
+    rows = [
+        {"step": s, "reward/mean": m, "reward/std": sd, "episodes": 64.0,
+         "reward/min": 0.0, "reward/max": 1.0}
+        for s, m, sd in [(0, 0.1, 0.3), (1, 0.4, 0.49), (2, 0.8, 0.4)]
+    ]
+    rows.append({"step": 3, "reward/mean": 0.9})  # an older log without std: no band there
+    drawn = charts.chart(charts.SPECS[0], rows)
+    assert drawn.band_label == "± 1 s.e. of the batch mean"
+    assert "<polygon" in drawn.svg
+    band = charts.SPECS[0].band
+    assert band is not None
+    for row in rows[:3]:
+        low, high = band(row)
+        se = _standard_error(row)
+        assert abs(low - (row["reward/mean"] - se)) < 1e-12
+        assert abs(high - (row["reward/mean"] + se)) < 1e-12
+        assert high - low < 0.15  # min-max would be 1.0 wide
+    assert band(rows[3]) is None
+    # one episode has no standard error
+    assert band({"step": 4, "reward/mean": 1.0, "reward/std": 0.0, "episodes": 1.0}) is None

@@ -3,9 +3,11 @@
 It trains LoRA with the RL loop on "What is 23 + 58?" problems (reward: correct + 0.1 for a
 bare-number answer), evaluates greedily on 200 held-out problems before and after training, and
 prints accuracy with 80 % Jeffreys intervals, sample answers before/after, and where the
-reward and evaluation plots are. Before the first step it says how long the run should take
-here, from a short measured warm-up (`warmup.py`); while it runs, the time left (a bar on a
-terminal, a line per step otherwise).
+reward and evaluation plots are. First it prints the web console's address, where the run's
+reward, accuracy and transcripts show while it trains (the embedded server's console, or that of
+`--base-url`). Before the first step it says how long the run should take here, from a short
+measured warm-up (`warmup.py`); while it runs, the time left (a bar on a terminal, a line per
+step otherwise). Each step's time goes to `timing.json` in the log directory (`run_timing.py`).
 
 The recipe (measured on a 2-core CPU; see the RL report in the README): LoRA rank 16 on every
 linear layer, learning rate 5e-4, 8 problems x 8 samples per step, temperature 1 with top-k 50,
@@ -29,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.apps import warmup
-from tinker_local.apps.connect import service_client
+from tinker_local.apps.connect import register_log_dir, service_client
 from tinker_local.apps.offline import go_offline_if_hub_unreachable
 from tinker_local.apps.progress import ProgressDisplay, RunClock
+from tinker_local.apps.run_timing import TimingRecord
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.stats import jeffreys_interval
 from tinker_local.rl.config import RLConfig
@@ -96,13 +99,13 @@ def report(
     seconds: float,
     *,
     base_model: str = DEFAULT_BASE_MODEL,
-    expected: tuple[float, float] | None = None,
+    expected: warmup.Estimate | None = None,
 ) -> str:
     log_dir = Path(result.log_dir)
     evals = _eval_rows(log_dir)
     took = f"{seconds / 60:.1f} min"
     if expected is not None:
-        took += f" (expected {expected[0] / 60:.1f}-{expected[1] / 60:.1f})"
+        took += f" (expected {expected.describe()})"
     lines = [f"RL demo: {base_model}, two-digit addition, {took}"]
     lines.append("greedy accuracy on held-out problems (80% Jeffreys interval):")
     for step, row in sorted(evals.items()):
@@ -143,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"held-out problems evaluated before and after training (default {EVAL_PROBLEMS}; "
         "fewer for a quick look: the intervals widen)",
     )
+    parser.add_argument(
+        "--base-url",
+        default=None,
+        help="train on a running tinker-local server (`tinker-local serve`) instead of one "
+        "embedded in this process",
+    )
     args = parser.parse_args(argv)
     if args.eval_problems < 1:
         parser.error("--eval-problems must be at least 1")
@@ -166,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return train, test
 
-    client = service_client()
+    client = service_client(args.base_url)
+    console_url = register_log_dir(log_dir, "rl", args.base_url)  # an RL run to the console
+    if console_url is not None:
+        root = console_url.split("/logs/", 1)[0] + "/"
+        print(f"watch it live at {root} (this run: {console_url})", flush=True)
     print(
         f"loading {cfg.base_model} (a first run converts it once), then timing one step's "
         "work on this machine...",
@@ -174,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     timing = asyncio.run(_warm_up(client, cfg))
     print(timing.summary(cfg.max_steps, args.eval_problems), flush=True)
-    expected = timing.expected_s(cfg.max_steps, args.eval_problems)
-    clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=sum(expected) / 2)
+    estimate = timing.estimate(cfg.max_steps, args.eval_problems)
+    record = TimingRecord(Path(log_dir), cfg.max_steps, args.eval_problems, timing)
+    clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=estimate.expected_s)
     started = time.perf_counter()
     with _step_display(clock) as show:
-        result = run(cfg, datasets, service_client=client, on_step=show)
+        result = run(cfg, datasets, service_client=client, on_step=record.wrap(show))
     seconds = time.perf_counter() - started
-    print(report(result, seconds, base_model=cfg.base_model, expected=expected))
+    record.finish(seconds)
+    print(report(result, seconds, base_model=cfg.base_model, expected=estimate))
     return 0
 
 

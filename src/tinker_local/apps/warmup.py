@@ -38,6 +38,35 @@ class StepCost:
         return self.sample_s + self.train_s
 
 
+# Multiples of the warm-up's short-answer bound: (low, expected, high); see the docstring.
+CALIBRATION = (0.6, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a run should take, in seconds: one expected figure and the range around it."""
+
+    low_s: float
+    expected_s: float
+    high_s: float
+
+    @classmethod
+    def from_bounds(cls, short_bound_s: float) -> Estimate:
+        """Calibrated from the warm-up's short-answer bound (`WarmUp.expected_s()[0]`)."""
+        low, expected, high = (f * short_bound_s for f in CALIBRATION)
+        return cls(low, expected, high)
+
+    def describe(self) -> str:
+        """e.g. "about 8.2 min, 6.1-10.2 min"."""
+        return (
+            f"about {_minutes(self.expected_s)} min, "
+            f"{_minutes(self.low_s)}-{_minutes(self.high_s)} min"
+        )
+
+    def brackets(self, seconds: float) -> bool:
+        return self.low_s <= seconds <= self.high_s
+
+
 @dataclass(frozen=True)
 class WarmUp:
     long: StepCost  # answers as long as the run allows
@@ -49,7 +78,8 @@ class WarmUp:
         return cost.sample_s * problems / self.rows
 
     def expected_s(self, steps: int, eval_problems: int) -> tuple[float, float]:
-        """(fewest, most) seconds for `steps` steps with an evaluation before and after."""
+        """(short-answer, long-answer) bounds in seconds for `steps` steps with an evaluation
+        before and after: every step at the warm-up's short or long answer pace."""
         low = (
             steps * self.short.step_s
             + self.eval_s(eval_problems, self.long)  # the base model's answers are long
@@ -58,14 +88,18 @@ class WarmUp:
         high = steps * self.long.step_s + 2 * self.eval_s(eval_problems, self.long)
         return low, high
 
+    def estimate(self, steps: int, eval_problems: int) -> Estimate:
+        return Estimate.from_bounds(self.expected_s(steps, eval_problems)[0])
+
     def summary(self, steps: int, eval_problems: int) -> str:
-        low, high = self.expected_s(steps, eval_problems)
+        estimate = self.estimate(steps, eval_problems)
         return (
-            f"expected run time on this machine: {_minutes(low)}-{_minutes(high)} min "
-            f"({steps} steps and 2 evaluations of {eval_problems} problems; measured by a "
+            f"expected run time on this machine: {estimate.describe()} "
+            f"({steps} steps and 2 evaluations of {eval_problems} problems; from a "
             f"{self.seconds:.0f} s warm-up: a step takes {self.long.step_s:.1f} s while answers "
             f"run to {self.long.answer_tokens} tokens, {self.short.step_s:.1f} s once they are "
-            f"{self.short.answer_tokens})"
+            f"{self.short.answer_tokens}; longer if the machine gets busier. After the first "
+            "steps the time left comes from their measured pace)"
         )
 
 

@@ -3,14 +3,17 @@ script): reward, evaluation accuracy with its interval, loss and KL, each agains
 
 A chart draws the series of its spec that the rows have; rows are those of RL (`reward/mean`,
 `eval/success_rate` with `eval/success_low`/`_high`, `train/loss:sum`, `kl_*`) and SFT
-(`train_loss`, `val_loss`) runs. The SVG says how many points its first series has
-(`data-points`), which is what a test watches grow.
+(`train_loss`, `val_loss`) runs. The reward's band is one standard error of each step's batch
+mean, from `reward/std` and `episodes`, as in the run's own `reward.png` (`rl/metrics.py`): a
+min-max band spans 0 to 1 at almost every step of a 0/1 reward, and says nothing. The SVG says
+how many points its first series has (`data-points`), which is what a test watches grow.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -22,22 +25,47 @@ MAX_MARKERS = 150  # points marked with a dot (and a tooltip) while a series is 
 _KL = re.compile(r"(^|/)kl([_/]|$)")
 
 
+Band = Callable[[dict[str, Any]], "tuple[float, float] | None"]
+
+
 @dataclass(frozen=True)
 class ChartSpec:
     key: str
     title: str
     series: tuple[str, ...]  # metric keys, drawn when present; () for `kl` (found in the rows)
-    band: tuple[str, str] | None = None  # (low, high) keys drawn around the first series
+    band: Band | None = None  # a row's (low, high) around the first series, or None
     band_label: str = ""
     empty: str = ""  # what the chart says while it has nothing to draw
 
 
+def mean_standard_error(row: dict[str, Any]) -> float | None:
+    """std / sqrt(n) of one step's rewards, the sample std made from the logged population one
+    (`reward/std` over `episodes` answers); None when the row lacks them (older logs)."""
+    std, n = _number(row.get("reward/std")), _number(row.get("episodes"))
+    if std is None or n is None or n < 2:
+        return None
+    return std * math.sqrt(n / (n - 1)) / math.sqrt(n)
+
+
+def _reward_band(row: dict[str, Any]) -> tuple[float, float] | None:
+    mean, se = _number(row.get("reward/mean")), mean_standard_error(row)
+    return None if mean is None or se is None else (mean - se, mean + se)
+
+
+def _keys_band(low: str, high: str) -> Band:
+    def band(row: dict[str, Any]) -> tuple[float, float] | None:
+        lo, hi = _number(row.get(low)), _number(row.get(high))
+        return None if lo is None or hi is None else (lo, hi)
+
+    return band
+
+
 SPECS = (
     ChartSpec("reward", "Reward (training batches)", ("reward/mean",),
-              ("reward/min", "reward/max"), "min-max",
+              _reward_band, "± 1 s.e. of the batch mean",
               "No reward yet: RL runs log reward/mean for every step."),
     ChartSpec("eval", "Evaluation accuracy", ("eval/success_rate", "eval/correct"),
-              ("eval/success_low", "eval/success_high"), "interval",
+              _keys_band("eval/success_low", "eval/success_high"), "interval",
               "No evaluation yet: RL runs evaluate every eval_every steps."),
     ChartSpec("loss", "Loss", ("train_loss", "val_loss", "train/loss:sum", "value/loss"),
               empty="No loss yet: SFT logs train_loss and val_loss, RL train/loss:sum "
@@ -81,12 +109,12 @@ def _points(rows: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
     return found
 
 
-def _band(rows: list[dict[str, Any]], low: str, high: str) -> list[tuple[float, float, float]]:
+def _band(rows: list[dict[str, Any]], band: Band) -> list[tuple[float, float, float]]:
     found = []
     for row in rows:
-        step, lo, hi = (_number(row.get(k)) for k in ("step", low, high))
-        if step is not None and lo is not None and hi is not None:
-            found.append((step, lo, hi))
+        step, bounds = _number(row.get("step")), band(row)
+        if step is not None and bounds is not None:
+            found.append((step, *bounds))
     return found
 
 
@@ -191,7 +219,7 @@ def chart(spec: ChartSpec, rows: list[dict[str, Any]]) -> Chart:
         series = series[:1]  # the success rate when there is one, else the verifier's mean
     band = []
     if spec.band and series and series[0].key == spec.series[0]:
-        band = _band(rows, *spec.band)
+        band = _band(rows, spec.band)
     svg = _svg(spec, series, band) if series else ""
     return Chart(spec.key, spec.title, series, spec.band_label if band else "", svg, spec.empty)
 
