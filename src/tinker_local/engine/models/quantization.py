@@ -311,6 +311,7 @@ class _DropMessages(logging.Filter):
 _IMPORT_NOTICES = {
     "bitsandbytes.backends.cpu.ops": ("Failed to load",),
     "torchao": ("Failed to load",),
+    "torchao.kernel.intmm": ("Detected no triton",),
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
 }
 for _name, _starts in _IMPORT_NOTICES.items():
