@@ -132,7 +132,7 @@ def run_prefill(
     causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & valid[:, None, :]) | diagonal[None]
-    cache = SlotCache(runner.num_layers, width)
+    cache = runner.new_cache(width)
     vision_inputs, deltas = None, None
     if any(k.images for k in keys):
         assert runner.vision is not None  # validation refuses images for a text model
