@@ -3,8 +3,8 @@ writes (`hub_push.py` uploads).
 
 A sampler-weights folder already is a PEFT adapter a stock vLLM loads (`--enable-lora`); what
 `--format vllm` adds is the check, before anyone starts a GPU, against the rules vLLM's LoRA
-loader applies (read in its source: `vllm/lora/lora_model.py`, `peft_helper.py`,
-`config/lora.py` and each model class's `embedding_modules`), and a folder holding only the two
+loader applies (read in its source: the `vllm.lora` package's LoRA model and PEFT helper, its
+LoRA config, and each model class's `embedding_modules`), and a folder holding only the two
 files it reads:
 - `adapter_config.json`: no DoRA, no `modules_to_save` (a value head is never in the adapter:
   it does not travel), `bias` "none"; the rank at most 512, and vLLM must be started with

@@ -8,11 +8,12 @@ norms stay as they are too. So a checkpoint trained here is an ordinary PEFT ada
 unchanged, on the unquantised base (the point of QLoRA) and the quantisation error is the only
 difference (`docs/quantization.md` measures it).
 
-Which library (`backend`): bitsandbytes where it runs on the device (CUDA, and the CPU since its
-0.48 releases: `bitsandbytes_problem` probes it once per device type), else torchao (int8
-weight-only, `NF4Tensor`). Measured on this project's 2-core AVX-512 CPU (benchmarks/
-quantization.py, docs/quantization.md), bitsandbytes was the faster of the two for sampling at
-both widths, so it is the default; `TINKER_LOCAL_QUANT_BACKEND=torchao` forces the other one.
+Which library (`backend`): on a GPU, bitsandbytes where it runs (`bitsandbytes_problem` probes
+it once per device type: what QLoRA and peft use), else torchao; on the CPU, torchao first (int8
+weight-only, `NF4Tensor`): measured on this project's 2-core CPU (benchmarks/quantization.py
+--smoke, docs/quantization.md), bitsandbytes' LLM.int8 was 3x (training) to 10x (sampling)
+slower than torchao's int8 (it casts activations to float16, slow on a CPU) and nf4 was even.
+`TINKER_LOCAL_QUANT_BACKEND=bitsandbytes|torchao` forces one.
 
 The sampler's CPU fast paths (oneDNN-packed linears, the bare Llama decode, fused LoRA) handle
 plain `nn.Linear` weights only. A bitsandbytes layer is another type (and peft wraps it in its own
@@ -96,8 +97,9 @@ def check_applicable(name: str, model_config: dict[str, Any], method: str) -> No
 
 
 def backend(device: torch.device) -> str:
-    """The library that quantises on `device`: TINKER_LOCAL_QUANT_BACKEND when set, else
-    bitsandbytes where it runs, else torchao; QuantizationError when neither can."""
+    """The library that quantises on `device`: TINKER_LOCAL_QUANT_BACKEND when set, else on
+    the CPU torchao (then bitsandbytes), elsewhere bitsandbytes (then torchao); QuantizationError
+    when neither can."""
     forced = os.environ.get(BACKEND_ENV, "").strip().lower()
     if forced:
         if forced not in BACKENDS:
@@ -108,6 +110,8 @@ def backend(device: torch.device) -> str:
         if problem:
             raise QuantizationError(f"{BACKEND_ENV}={forced}: {problem}")
         return forced
+    if device.type == "cpu" and torchao_problem() is None:
+        return "torchao"  # the faster of the two on a CPU (module docstring)
     bnb_problem = bitsandbytes_problem(device.type)
     if bnb_problem is None:
         return "bitsandbytes"
