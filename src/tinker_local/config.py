@@ -81,6 +81,27 @@ VALUE_HEAD_METADATA_KEY = "tinker_local.value_head"
 LORA_VISION_METADATA_KEY = "tinker_local.lora_vision"
 
 
+# Quantised frozen bases (engine/models/quantization.py): `serve --base-quantization` sets the
+# server's default, the create_model `user_metadata` key a model's own (tinker-local extension).
+BASE_QUANTIZATION_ENV = "TINKER_LOCAL_BASE_QUANTIZATION"
+BASE_QUANTIZATIONS = ("none", "int8", "nf4")
+BASE_QUANTIZATION_METADATA_KEY = "tinker_local.base_quantization"
+
+
+def base_quantization(value: str | None = None, source: str | None = None) -> str:
+    """A base quantization name: `value` when given, else `TINKER_LOCAL_BASE_QUANTIZATION`,
+    default "none". ValueError names the bad value, where it came from, and the choices."""
+    where = source or ("--base-quantization" if value is not None else BASE_QUANTIZATION_ENV)
+    raw = value if value is not None else os.environ.get(BASE_QUANTIZATION_ENV, "")
+    name = str(raw).strip().lower() or "none"
+    if name not in BASE_QUANTIZATIONS:
+        raise ValueError(
+            f"{where}={raw!r} is not a base quantization; choose one of "
+            f"{', '.join(BASE_QUANTIZATIONS)} (int8 and nf4 need `pip install 'tinker-local[quant]'`)"
+        )
+    return name
+
+
 def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] | None:
     """The `user_metadata` that asks a tinker-local server for this alpha and dropout; None when
     both are the defaults, so the request stays a plain hosted-Tinker one."""

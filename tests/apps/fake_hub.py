@@ -5,10 +5,17 @@ and HEAD/GET of `resolve` URLs, with byte ranges (so a partial download can resu
 `slow` names files sent in small chunks with pauses (so a test can interrupt a download
 half-way); `drop_after` cuts the connection once after that many bytes of a file (a network
 failure mid-file); `claimed_sizes` makes the tree listing claim another size for a file (a model too
-big for the disk); `requests` records (method, path, Range header) of every request."""
+big for the disk); `requests` records (method, path, Range header) of every request.
+
+Uploads (what `huggingface_hub`'s `create_repo` + `create_commit` send): `POST /api/repos/create`,
+`POST /api/models/{repo}/preupload/{rev}` (every file "regular": its bytes travel base64 in the
+commit) and `POST /api/models/{repo}/commit/{rev}` (NDJSON). Only a bearer token in
+`write_tokens` may write (else 401, as the hub answers a bad token); `refused_namespaces` answer
+403 (a namespace the token may not write); `private` and `commits` record what was pushed."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import threading
@@ -26,6 +33,10 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}
         self.claimed_sizes: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
+        self.write_tokens: set[str] = {"hf_fake_write_token"}
+        self.refused_namespaces: set[str] = set()
+        self.private: dict[str, bool] = {}
+        self.commits: dict[str, list[str]] = {}  # repo -> commit messages, oldest first
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -57,6 +68,63 @@ class FakeHub:
             def do_GET(self) -> None:
                 self._serve(body=True)
 
+            def do_POST(self) -> None:
+                path = unquote(urlparse(self.path).path)
+                hub.requests.append((self.command, path, None))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if path == "/api/validate-yaml":  # a commit with a README.md checks its metadata
+                    return self._json(200, {"errors": [], "warnings": []})
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                if token not in hub.write_tokens:
+                    return self._json(401, {"error": "Invalid credentials in Authorization header"})
+                parts = path.strip("/").split("/")
+                if parts == ["api", "repos", "create"]:
+                    return self._create(json.loads(body))
+                if parts[:2] == ["api", "models"] and len(parts) >= 6:
+                    repo = f"{parts[2]}/{parts[3]}"
+                    if repo not in hub.repos:
+                        return self._json(404, {"error": "Repository not found"},
+                                          {"X-Error-Code": "RepoNotFound"})
+                    if parts[4] == "preupload":
+                        files = json.loads(body)["files"]
+                        return self._json(200, {"files": [
+                            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                            for f in files]})
+                    if parts[4] == "commit":
+                        return self._commit(repo, body)
+                self._json(404, {"error": "not found"})
+
+            def _create(self, payload: dict) -> None:
+                org, name = payload.get("organization"), payload["name"]
+                repo = f"{org}/{name}"
+                if org in hub.refused_namespaces:
+                    return self._json(403, {"error": f"You don't have the rights to create a "
+                                            f"model under the namespace \"{org}\""})
+                url = f"{hub.url}/{repo}"
+                if repo in hub.repos:
+                    return self._json(409, {"error": "You already created this model repo",
+                                            "url": url})
+                hub.repos[repo] = {}
+                hub.private[repo] = payload.get("visibility", "public") == "private" or bool(
+                    payload.get("private"))
+                hub.commits[repo] = []
+                self._json(200, {"url": url})
+
+            def _commit(self, repo: str, body: bytes) -> None:
+                message = ""
+                for line in body.decode().splitlines():
+                    if not line.strip():
+                        continue
+                    item = json.loads(line)
+                    if item["key"] == "header":
+                        message = item["value"].get("summary", "")
+                    elif item["key"] == "file":
+                        value = item["value"]
+                        hub.repos[repo][value["path"]] = base64.b64decode(value["content"])
+                hub.commits[repo].append(message)
+                oid = hashlib.sha1(f"{repo}{len(hub.commits[repo])}".encode()).hexdigest()
+                self._json(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid})
+
             def _serve(self, body: bool) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append((self.command, path, self.headers.get("Range")))
@@ -80,7 +148,8 @@ class FakeHub:
                 self._json(
                     200,
                     {
-                        "id": repo, "modelId": repo, "sha": COMMIT, "private": False,
+                        "id": repo, "modelId": repo, "sha": COMMIT,
+                        "private": hub.private.get(repo, False),
                         "siblings": [{"rfilename": name} for name in files],
                     },
                 )  # fmt: skip

@@ -82,7 +82,8 @@ SUBCOMMANDS: dict[str, tuple[Callable[[], Main], str]] = {
     "serve": (_serve, "run the tinker-local HTTP server"),
     "run": (_run, "run an unmodified hosted-Tinker script against an embedded server"),
     "models": (_models, "list the models this machine can serve; `models pull ORG/NAME` fetches one"),
-    "export": (_export, "merge a LoRA checkpoint into a full Hugging Face model folder"),
+    "export": (_export, ("merge a LoRA checkpoint into a full model, or export the adapter for "
+               "vLLM; --push-to-hub ORG/NAME uploads it")),
     "rl": (_rl, "RL training (GRPO/PPO) on a task"),
     "tasks": (_tasks, "list the built-in tasks"),
     "sft": (_sft, "supervised fine-tuning on chat or prompt/completion JSONL"),
@@ -177,6 +178,8 @@ def _uses_models_by_name(name: str, rest: list[str]) -> bool:
     retries. Downloads (`models pull`, `--allow-download`) report a missing hub themselves."""
     if {"-h", "--help", "--allow-download"} & set(rest):
         return False
+    if name == "export" and any(arg.startswith("--push-to-hub") for arg in rest):
+        return False  # a push needs the hub: an unreachable one is its own clear error
     return not (name == "models" and rest[:1] == ["pull"])
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -11,10 +12,12 @@ from pathlib import Path
 
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.cost import (
+    ModelCost,
     disk_bytes,
     human_bytes,
     human_count,
     parameter_counts,
+    quantizable_parameters,
     stored_dtype,
 )
 from tinker_local.engine.models.hub_download import (
@@ -23,6 +26,7 @@ from tinker_local.engine.models.hub_download import (
     interrupted_message,
     pull,
 )
+from tinker_local.engine.models.quantization import QuantizationError, check_applicable
 from tinker_local.engine.models.registry import (
     available_models,
     cached_model_ids,
@@ -45,40 +49,60 @@ def models_main(argv: list[str]) -> int:
         "`tinker-local models pull ORG/NAME` fetches one from the Hugging Face hub.",
     )
     parser.parse_args(argv)
-    print(f"{'model':<44} {'params':>7}  {'stored as':<9} {'on disk':>9}  where")
+    device = resolve_device()
+    dtype = resolve_dtype(None, device)
+    print(f"{'model':<44} {'params':>7}  {'stored as':<9} {'on disk':>9}  "
+          f"{'weights served none / int8 / nf4':<32}  where")
     for name in available_models():
-        print(_row(name))
+        print(_row(name, dtype, device))
     partial = _partial_downloads(set(available_models()))
     for name in partial:
         print(f"{name:<44} {'':>7}  {'':<9} {'':>9}  incomplete download: "
               f"`{PROG} pull {name}` continues it")  # fmt: skip
-    device = resolve_device()
     print(
-        f"\nServed in {str(resolve_dtype(None, device)).removeprefix('torch.')} on "
-        f"{device.type} (--dtype / TINKER_LOCAL_DTYPE). Any local Hugging Face model folder "
+        f"\nServed in {str(dtype).removeprefix('torch.')} on "
+        f"{device.type} (--dtype / TINKER_LOCAL_DTYPE); int8 and nf4 quantise the Linear layers "
+        "(serve --base-quantization, docs/quantization.md). Any local Hugging Face model folder "
         "can also be used by passing its path."
     )
     return 0
 
 
-def _row(name: str) -> str:
+def _row(name: str, serve_dtype, device) -> str:
     if name in builtin.builtin_names():
         if not builtin.is_built(name):
-            return f"{name:<44} {'':>7}  {'':<9} {'':>9}  built-in, prepared on first use"
+            return f"{name:<44} {'':>7}  {'':<9} {'':>9}  {'':<32}  built-in, prepared on first use"
         folder, where = builtin.folder_for(name), "built-in"
     else:
         folder, where = cached_snapshot(name), "Hugging Face cache"
     assert folder is not None
     vision = 0
+    served = "?"
     try:
         total, vision = parameter_counts(folder)
         params = human_count(total)
+        served = _served_bytes(folder, total, serve_dtype, device)
     except (OSError, ValueError, KeyError):  # a config transformers cannot build: still listed
         params = "?"
     dtype = stored_dtype(folder) or "?"
     if vision:  # a vision-language model: both towers are counted
         where = f"vision-language ({human_count(vision)} in the vision tower), {where}"
-    return f"{name:<44} {params:>7}  {dtype:<9} {human_bytes(disk_bytes(folder)):>9}  {where}, at {folder}"
+    return (f"{name:<44} {params:>7}  {dtype:<9} {human_bytes(disk_bytes(folder)):>9}  "
+            f"{served:<32}  {where}, at {folder}")
+
+
+def _served_bytes(folder: Path, total: int, dtype, device) -> str:
+    """The weights' memory once loaded, plain and with each quantisation (cost.py); "-" where
+    the model cannot be quantised (quantization.check_applicable)."""
+    plain = human_bytes(ModelCost(total, dtype, device, None).weight_bytes)
+    try:
+        check_applicable(folder.name, json.loads((folder / "config.json").read_text()), "nf4")
+    except QuantizationError:
+        return f"{plain} / - / -"
+    linear = quantizable_parameters(folder)
+    sizes = [ModelCost(total, dtype, device, None, quantization=method,
+                       quantized_parameters=linear).weight_bytes for method in ("int8", "nf4")]
+    return " / ".join([plain, *(human_bytes(size) for size in sizes)])
 
 
 def _partial_downloads(listed: set[str]) -> list[str]:

@@ -1,5 +1,8 @@
 """`tinker-local export` (and `tinker-local models`, from `model_catalog.py`): the engine's
-command-line entry points."""
+command-line entry points. Export formats: "merged" (a full Hugging Face model folder),
+"adapter" (the PEFT files alone), "vllm" (those, checked against vLLM's LoRA loader:
+`adapter_export.py`); `--push-to-hub ORG/NAME` uploads the result with a model card
+(`hub_push.py`)."""
 
 from __future__ import annotations
 
@@ -12,12 +15,18 @@ import tempfile
 from pathlib import Path
 
 from tinker_local.apps.model_catalog import models_main  # noqa: F401 - the command's home
-from tinker_local.engine.models.registry import TOKENIZER_SNAPSHOT_FILES, load_base, resolve_dtype
+from tinker_local.engine.models.registry import (
+    TOKENIZER_SNAPSHOT_FILES,
+    load_base,
+    resolve_dtype,
+    resolve_model,
+)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 CHECKPOINT_META = "tinker_local.json"  # written by save_state; names the base model
 EXPORT_META = "tinker_local_export.json"
+FORMATS = ("merged", "adapter", "vllm")
 
 
 class ExportError(ValueError):
@@ -31,11 +40,26 @@ class ExportError(ValueError):
 def export_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tinker-local export",
-        description="Merge a LoRA checkpoint (a sampler-weights or save_state folder) into its "
-        "base model and save a full Hugging Face model folder with the tokenizer.",
+        description="Export a LoRA checkpoint (a sampler-weights or save_state folder, or its "
+        "tinker:// path): merged into its base model as a full Hugging Face model folder with "
+        "the tokenizer (default), as the PEFT adapter alone, or as an adapter checked for "
+        "vLLM; optionally pushed to the Hugging Face hub (docs/quantization.md, 'Adapters that "
+        "travel').",
     )
-    parser.add_argument("checkpoint_dir", type=Path, help="PEFT adapter folder to merge")
-    parser.add_argument("out_dir", type=Path, help="new folder to write (must not hold files)")
+    parser.add_argument("checkpoint_dir", help="PEFT adapter folder, or a tinker:// path")
+    parser.add_argument("out_dir", type=Path, nargs="?",
+                        help="new folder to write (must not hold files); optional with "
+                        "--push-to-hub")
+    parser.add_argument("--format", choices=FORMATS, default="merged",
+                        help="merged (default): base + LoRA as one model; adapter: the PEFT "
+                        "files; vllm: the PEFT files, checked against vLLM's LoRA loader")
+    parser.add_argument("--push-to-hub", metavar="ORG/NAME",
+                        help="upload the export to this hub repo (HF_TOKEN; private unless "
+                        "--public) with a model card")
+    parser.add_argument("--public", action="store_true", help="create the hub repo public")
+    parser.add_argument("--metrics", type=Path, metavar="FILE",
+                        help="a run's metrics for the model card: JSON, or a metrics.jsonl "
+                        "(its last record)")
     parser.add_argument(
         "--base-model",
         help=f"base model name or folder (default: from {CHECKPOINT_META} or {ADAPTER_CONFIG})",
@@ -44,12 +68,74 @@ def export_main(argv: list[str]) -> int:
         "--dtype", default="float32", help="dtype of the saved weights: float32, bfloat16, float16"
     )
     args = parser.parse_args(argv)
+    if args.out_dir is None and not args.push_to_hub:
+        parser.error("give OUT_DIR, --push-to-hub ORG/NAME, or both")
     try:
-        out = export_merged(args.checkpoint_dir, args.out_dir, args.base_model, args.dtype)
-    except ValueError as error:  # ExportError, unknown model, bad dtype: all user errors
+        return _export(args)
+    except ValueError as error:  # ExportError, PushError, unknown model, bad dtype: user errors
         parser.exit(2, f"tinker-local export: error: {error}\n")
-    print(f"wrote merged model to {out}")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tinker_local.apps import adapter_export, hub_push
+
+    checkpoint, run = checkpoint_folder(args.checkpoint_dir)
+    checkpoint = _check_checkpoint(checkpoint)
+    base_name = args.base_model or base_model_of(checkpoint)
+    fit = None
+    if args.format == "vllm":
+        base_config = _read_json(resolve_model(base_name) / "config.json")
+        fit = adapter_export.vllm_fit(checkpoint, base_config)
+    metrics = adapter_export.read_metrics(args.metrics) if args.metrics else None
+    temporary = args.out_dir is None
+    out = Path(tempfile.mkdtemp(prefix="tinker-local-export-")) / "export" if temporary \
+        else _check_out_dir(args.out_dir)
+    try:
+        if args.format == "merged":
+            export_merged(checkpoint, out, base_name, args.dtype)
+        else:
+            adapter_export.copy_adapter(checkpoint, out)
+        if args.push_to_hub or args.format != "merged":
+            card = adapter_export.model_card(
+                checkpoint, base_model=base_name, kind=args.format,
+                repo_id=args.push_to_hub or out.name, run=run, metrics=metrics)
+            if fit is not None:
+                card += ("\n## Serve with vLLM\n\n```\n"
+                         + adapter_export.vllm_command(base_name, fit, args.push_to_hub or str(out))
+                         + "\n```\n")
+            (out / "README.md").write_text(card)
+        if not temporary:
+            print(f"wrote {args.format} export to {out}")
+        if fit is not None:
+            print("vLLM loads it as a LoRA: "
+                  + adapter_export.vllm_command(base_name, fit, args.push_to_hub or str(out)))
+        if args.push_to_hub:
+            url = hub_push.push_folder(out, args.push_to_hub, private=not args.public,
+                                       message=f"tinker-local export ({args.format}) of {run}")
+            visibility = "public" if args.public else "private"
+            print(f"pushed to {args.push_to_hub} ({visibility} unless it existed): {url}")
+    finally:
+        if temporary:
+            shutil.rmtree(out.parent, ignore_errors=True)
     return 0
+
+
+def checkpoint_folder(name: str) -> tuple[Path, str]:
+    """The folder of a checkpoint given as a folder or a `tinker://` path, and the training run
+    it belongs to (the run id, or the folder's name)."""
+    if name.startswith("tinker://"):
+        from tinker_local.server.core.errors import ApiError
+        from tinker_local.server.core.tinker_paths import parse_uri
+
+        try:
+            parsed = parse_uri(name)
+        except ApiError as error:
+            raise ExportError(str(error)) from None
+        return parsed.directory(), parsed.run_id
+    folder = Path(name).expanduser()
+    run = folder.parent.parent.name if folder.parent.name in ("weights", "sampler_weights") \
+        else folder.name
+    return folder, run
 
 
 def export_merged(

@@ -25,7 +25,32 @@ SDK_HEARTBEAT_S = 10
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device (default: best available)")
     parser.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16")
+    parser.add_argument(
+        "--base-quantization", default=None, choices=config.BASE_QUANTIZATIONS,
+        help="load base models quantised: int8 or nf4 (QLoRA), LoRA stays float32; a model may "
+        f"ask for its own with user_metadata {config.BASE_QUANTIZATION_METADATA_KEY!r} "
+        f"(default none; env {config.BASE_QUANTIZATION_ENV}; docs/quantization.md)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def _apply_base_quantization(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check `--base-quantization` now (a library that cannot run here is named at start, not
+    when the first model loads) and hand it to the engine, and to every rank of a group, through
+    the environment."""
+    if args.base_quantization is None:
+        return
+    if args.base_quantization != "none":
+        if getattr(args, "shard_base", False):
+            parser.error("--base-quantization does not combine with --shard-base (FSDP2 shards "
+                         "plain weights only); use one or the other")
+        from tinker_local.engine.models.quantization import QuantizationError, backend
+        from tinker_local.engine.models.registry import resolve_device
+
+        try:
+            backend(resolve_device(args.device))
+        except (QuantizationError, ValueError) as error:
+            parser.error(str(error))
+    os.environ[config.BASE_QUANTIZATION_ENV] = args.base_quantization
 
 
 def _limit_args(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +223,7 @@ def serve_main(argv: list[str]) -> int:
     parser = serve_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
+    _apply_base_quantization(parser, args)
     if distributed(args):
         from tinker_local.apps.launch import launch_serve
 
@@ -338,6 +364,7 @@ def run_main(argv: list[str]) -> int:
     if args.shard_base and args.nproc_per_node < 2:
         parser.error("--shard-base splits the base over ranks: add --nproc-per-node N (N >= 2)")
     _setup_logging(args.log_level)
+    _apply_base_quantization(parser, args)
     try:
         base_url, stop = (_start_group(args) if args.nproc_per_node > 1 else _start_local(args))
     except Exception as exc:  # noqa: BLE001 - e.g. the engine refused --device

@@ -13,6 +13,10 @@ Sampling goes through `self.sampling`, a backend built with the engine's `_resol
 
 Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
 "sampler:<sampler_id>", so training and sampler ids can never collide.
+
+A base is loaded once per (name, quantization): `base_quantization` ("none", "int8", "nf4";
+models/quantization.py) is the engine's default and `create_model` may ask for another, so the
+same model can serve a bf16 and an nf4 base side by side (the latter keyed "NAME (nf4)").
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.losses import LOSS_FNS, prepare_data
 from tinker_local.engine.losses.custom import CompiledLoss
-from tinker_local.engine.models import registry, text_codecs
+from tinker_local.engine.models import quantization, registry, text_codecs
 from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.builtin_backend import (
     ContinuousSampling,
@@ -87,6 +91,8 @@ class _Base:
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
     vision: VisionModel | None = None  # a vision-language model's image side
+    key: str = ""  # the engine's name for it: the model name, plus " (nf4)" when quantised
+    quantization: str = "none"
 
 
 @dataclass
@@ -97,6 +103,7 @@ class _TrainingModel:
     params: dict[str, torch.nn.Parameter]
     optimizer: TrainableParams  # over `params`: AdapterOptimizer (AdamW) or DimuonOptimizer
     value_head: ValueHead | None = None
+    base_key: str = ""  # its base in Engine._bases (the name, or "NAME (nf4)")
 
 
 def _new_optimizer(
@@ -111,12 +118,18 @@ def _new_optimizer(
 class _SamplerEntry:
     base_model: str
     adapter_key: str | None  # None: the bare base model
+    base_key: str = ""  # its base in Engine._bases
 
 
 def batch_models_by_default(device: str) -> bool:
     """Whether several models' forward_backward calls share one pass unless told otherwise.
     See benchmarks/multi_adapter_train.py for the measurements behind it."""
     return not str(device).startswith("cpu")
+
+
+def base_key(name: str, quantization: str) -> str:
+    """How the engine names a loaded base: the model name, with the quantisation if any."""
+    return name if quantization == "none" else f"{name} ({quantization})"
 
 
 def _train_key(model_id: str) -> str:
@@ -138,20 +151,25 @@ class Engine:
         loader: Callable[[str], registry.LoadedBase] | None = None,
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
+        base_quantization: str | None = None,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
         `loader(name) -> LoadedBase` replaces `registry.load_base` (tests).
         `batch_models`: let `forward_backward_many` run several models' calls in one pass;
         None decides by device (`batch_models_by_default`).
-        `sampling`: builds the sampling backend from the engine's sampler resolver."""
+        `sampling`: builds the sampling backend from the engine's sampler resolver.
+        `base_quantization`: how bases are loaded unless a model asks otherwise ("none", "int8",
+        "nf4"; None reads TINKER_LOCAL_BASE_QUANTIZATION)."""
         try:
             resolved_device = registry.resolve_device(device)
             resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
+            self.base_quantization = config.base_quantization(base_quantization)
         except ValueError as error:
             raise user_error(str(error)) from None
         self._loader = loader or (
-            lambda name: registry.load_base(name, device=resolved_device, dtype=resolved_dtype)
+            lambda name, quantization="none": registry.load_base(
+                name, device=resolved_device, dtype=resolved_dtype, quantization=quantization)
         )
         self.device = resolved_device
         self.token_budget = token_budget
@@ -214,10 +232,13 @@ class Engine:
         *,
         value_head: str | None = None,
         optimizer: str = "adamw",
+        base_quantization: str | None = None,
     ) -> ModelInfo:
         """A LoRA training model; with `value_head` (a kind, "mlp") also a scalar value head on
         its final hidden states, trained with the `value_mse` loss (tinker-local extension).
-        `optimizer`: "adamw" or "dimuon" (dimuon.py), for the model's whole life."""
+        `optimizer`: "adamw" or "dimuon" (dimuon.py), for the model's whole life.
+        `base_quantization`: train on a quantised base ("int8", "nf4"; None: the engine's
+        default), a tinker-local extension."""
         if model_id in self._models:
             raise user_error(f"model {model_id!r} already exists")
         lora.validate()
@@ -227,7 +248,7 @@ class Engine:
             check_kind(value_head)
             if optimizer != "adamw":
                 raise user_error("a value model (value head) trains with AdamW only")
-        base = self._base(base_model)
+        base = self._base(base_model, base_quantization)
         key = _train_key(model_id)
         base.pool.create(key, lora)
         try:
@@ -237,12 +258,12 @@ class Engine:
         except BaseException:
             base.pool.remove(key)
             raise
-        self._models[model_id] = _TrainingModel(base_model, lora, params, trainer, head)
+        self._models[model_id] = _TrainingModel(base_model, lora, params, trainer, head, base.key)
         return self.model_info(model_id)
 
     def model_info(self, model_id: str) -> ModelInfo:
         model = self._model(model_id)
-        base = self._bases[model.base_model]
+        base = self._bases[model.base_key]
         kind = None if model.value_head is None else model.value_head.kind
         return ModelInfo(
             model.base_model, model.spec, str(base.loaded.folder), base.vocab, kind,
@@ -349,7 +370,7 @@ class Engine:
         optimizer_state = (
             checkpoints.load_optimizer_state(Path(directory)) if with_optimizer else None
         )
-        base = self._bases[model.base_model]
+        base = self._bases[model.base_key]
         pool = base.pool
         key = _train_key(model_id)
         head = model.value_head
@@ -367,7 +388,7 @@ class Engine:
 
     def unload_model(self, model_id: str) -> None:
         model = self._model(model_id)
-        self._bases[model.base_model].pool.remove(_train_key(model_id))
+        self._bases[model.base_key].pool.remove(_train_key(model_id))
         del self._models[model_id]
 
     # ---- samplers ----------------------------------------------------------------------------
@@ -391,19 +412,20 @@ class Engine:
         key = _sampler_key(sampler_id)
         write_adapter: Callable[[Path], None] | None = None
         if base_model is not None:
-            self._base(base_model)
-            entry = _SamplerEntry(base_model, None)
+            entry = _SamplerEntry(base_model, None, self._base(base_model).key)
         elif adapter_dir is not None:
             folder = Path(adapter_dir)
             meta = read_checkpoint_meta(folder)
-            self._base(meta.base_model).pool.load_folder(folder, key)
-            entry = _SamplerEntry(meta.base_model, key)
+            # on the base it was trained on (a quantised run's weights sample on that base)
+            base = self._base(meta.base_model, meta.base_quantization)
+            base.pool.load_folder(folder, key)
+            entry = _SamplerEntry(meta.base_model, key, base.key)
             write_adapter = functools.partial(checkpoints.copy_adapter_files, folder)
         else:
             model_id = str(from_model_id)
             model = self._model(model_id)
-            self._bases[model.base_model].pool.snapshot(_train_key(model_id), key)
-            entry = _SamplerEntry(model.base_model, key)
+            self._bases[model.base_key].pool.snapshot(_train_key(model_id), key)
+            entry = _SamplerEntry(model.base_model, key, model.base_key)
             write_adapter = functools.partial(self.save_sampler_weights, model_id)
         self._samplers[sampler_id] = entry
         try:
@@ -423,7 +445,7 @@ class Engine:
     def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
         """What runs one checked call (before any compute): its model, loss and tensors."""
         model = self._model(call.model_id)
-        base = self._bases[model.base_model]
+        base = self._bases[model.base_key]
         loss = LOSS_FNS[call.loss_fn]
         config = loss.spec.with_defaults(call.loss_fn_config)
         if loss.spec.values and model.value_head is None:
@@ -474,19 +496,29 @@ class Engine:
         )
 
 
-    def _base(self, name: str) -> _Base:
+    def _base(self, name: str, quantization_name: str | None = None) -> _Base:
+        """The loaded base `name` in `quantization_name` (None: the engine's default)."""
         if not isinstance(name, str) or not name:
             raise user_error(f"base_model must be a non-empty string, got {name!r}")
-        if name not in self._bases:
+        try:
+            method = quantization.check_name(
+                self.base_quantization if quantization_name is None else quantization_name)
+        except quantization.QuantizationError as error:
+            raise user_error(str(error)) from None
+        key = base_key(name, method)
+        if key not in self._bases:
             try:
-                loaded = self._loader(name)
-            except (registry.ModelNotFoundError, registry.InvalidModelFolderError) as error:
+                loaded = self._loader(name) if method == "none" \
+                    else self._loader(name, quantization=method)
+            except (registry.ModelNotFoundError, registry.InvalidModelFolderError,
+                    quantization.QuantizationError) as error:
                 raise user_error(str(error)) from None
             pool = AdapterPool(name, loaded.model)
             vocab = split_causal_lm(pool.model).vocab
             vision = VisionModel.load(pool.model, Path(loaded.folder))
-            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab, vision=vision)
-        return self._bases[name]
+            self._bases[key] = _Base(loaded=loaded, pool=pool, vocab=vocab, vision=vision,
+                                     key=key, quantization=method)
+        return self._bases[key]
 
     def _base_sampler(self, base: _Base) -> Sampler:
         if base.sampler is None:
@@ -498,15 +530,15 @@ class Engine:
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
         """Where `sampler_id` samples (what the sampling backend asks; see sampling/builtin_backend.py)."""
         entry = self._sampler(sampler_id)
-        base = self._bases[entry.base_model]
+        base = self._bases[entry.base_key]
         adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
-        return SamplerSlot(entry.base_model, Path(base.loaded.folder), self._base_sampler(base),
-                           adapter)
+        # keyed by the base as loaded: an nf4 and a plain base of one model are two loops
+        return SamplerSlot(base.key, Path(base.loaded.folder), self._base_sampler(base), adapter)
 
     def _forget_sampler(self, sampler_id: str) -> None:
         entry = self._samplers.pop(sampler_id)
         if entry.adapter_key is not None:
-            self._bases[entry.base_model].pool.remove(entry.adapter_key)
+            self._bases[entry.base_key].pool.remove(entry.adapter_key)
 
     def _model(self, model_id: str) -> _TrainingModel:
         try:
@@ -524,7 +556,8 @@ class Engine:
         self, model_id: str, directory: Path, kind: str, optimizer_state: dict | None
     ) -> None:
         model = self._model(model_id)
-        pool = self._bases[model.base_model].pool
+        base = self._bases[model.base_key]
+        pool = base.pool
         key = _train_key(model_id)
         # The sampler folder is a plain policy adapter: a sampler has no use for the value head.
         head = model.value_head if kind == "state" else None
@@ -536,6 +569,7 @@ class Engine:
             kind=kind,
             value_head=None if head is None else head.kind,
             optimizer=model.optimizer.family,
+            base_quantization=None if base.quantization == "none" else base.quantization,
         )
         checkpoints.save_adapter_folder(
             Path(directory),

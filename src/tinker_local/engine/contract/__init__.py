@@ -276,6 +276,9 @@ class CheckpointMeta:
     kind: str = "state"  # "state" (save_state), "sampler" (save_sampler_weights), "peft" (foreign)
     value_head: str | None = None  # the value head's kind when the folder holds one (extension)
     optimizer: str = "adamw"  # the optimizer family of the model it was saved from
+    # "int8"/"nf4": trained on a quantised base (its samplers load that base; the adapter itself
+    # is plain PEFT and loads on the unquantised one too). None: the plain base.
+    base_quantization: str | None = None
 
 
 def write_checkpoint_meta(
@@ -294,6 +297,8 @@ def write_checkpoint_meta(
     }
     if meta.value_head is not None:
         record["value_head"] = meta.value_head
+    if meta.base_quantization is not None:
+        record["base_quantization"] = meta.base_quantization
     path = Path(directory) / META_FILE
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -324,6 +329,8 @@ def read_checkpoint_meta(directory: Path) -> CheckpointMeta:
             kind=str(record.get("kind", "state")),
             value_head=None if record.get("value_head") is None else str(record["value_head"]),
             optimizer=str(record.get("optimizer", "adamw")),
+            base_quantization=None if record.get("base_quantization") is None
+            else str(record["base_quantization"]),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise user_error(f"{meta_path} is not a valid checkpoint record: {error}") from None
@@ -462,7 +469,9 @@ class Engine(Protocol):
     ) -> ModelInfo:
         """A LoRA training model (with `value_head`, a kind such as "mlp": also a scalar value
         head, trained with the `value_mse` loss; a tinker-local extension). `optimizer`: one of
-        OPTIMIZERS, fixed for the model's life."""
+        OPTIMIZERS, fixed for the model's life. The torch engine also takes `base_quantization`
+        ("int8"/"nf4", a tinker-local extension); the server passes it only when a model asks,
+        so engines without quantised bases need not know it."""
         ...
 
     def model_info(self, model_id: str) -> ModelInfo: ...

@@ -47,10 +47,26 @@ class RowRouting:
             self.route = previous
 
 
-def _lora_linear() -> type:
+def _lora_linear() -> tuple[type, ...]:
+    """The peft LoRA layer types whose forward is `base(x) + B(A(x)) * scaling`: the plain one,
+    and those over a quantised base layer (bitsandbytes int8/4-bit, torchao), which differ only
+    in what `base(x)` runs."""
     from peft.tuners.lora.layer import Linear
 
-    return Linear
+    kinds: list[type] = [Linear]
+    try:
+        from peft.tuners.lora import bnb
+
+        kinds += [getattr(bnb, name) for name in ("Linear8bitLt", "Linear4bit") if hasattr(bnb, name)]
+    except ImportError:  # bitsandbytes not installed
+        pass
+    try:
+        from peft.tuners.lora.torchao import TorchaoLoraLinear
+
+        kinds.append(TorchaoLoraLinear)
+    except ImportError:
+        pass
+    return tuple(kinds)
 
 
 def unsupported_layers(model: nn.Module) -> list[str]:
@@ -63,7 +79,7 @@ def unsupported_layers(model: nn.Module) -> list[str]:
         name
         for name, module in model.named_modules()
         if isinstance(module, LoraLayer)
-        and (type(module) is not linear or getattr(module, "lora_variant", None))
+        and (type(module) not in linear or getattr(module, "lora_variant", None))
     ]
 
 
@@ -78,7 +94,7 @@ def lora_row_routing(model: nn.Module) -> Iterator[RowRouting]:
     patched = []
     try:
         for module in model.modules():
-            if type(module) is linear:
+            if type(module) in linear:
                 if "forward" in module.__dict__:
                     raise RuntimeError("a LoRA layer's forward is already patched")
                 module.forward = _RoutedForward(module, routing)

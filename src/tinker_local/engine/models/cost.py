@@ -4,7 +4,9 @@ served in, and whether that fits the memory of the device it will load on.
 Parameters come from the safetensors headers (exact, and read without loading a tensor) or,
 for other formats or a model not yet downloaded, from an empty (meta-device) model built from
 `config.json`. A vision-language model counts both towers, and says how many of its parameters
-are the image encoder's (`vision_parameters`). Only the weights are priced: training adds the LoRA weights, their optimizer
+are the image encoder's (`vision_parameters`). A quantised base ("int8", "nf4") prices its Linear
+layers (`quantizable_parameters`: every 2-D weight but the embeddings and the output layer) at
+`quantization.BYTES_PER_WEIGHT` and the rest in `dtype`. Only the weights are priced: training adds the LoRA weights, their optimizer
 state and activations, sampling the KV cache; `fits` leaves a fifth of the memory for those.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tinker_local.engine.models.quantization import BYTES_PER_WEIGHT
 from tinker_local.engine.models.vision import VISION_TOWER_NAMES
 
 HEADROOM = 0.8  # the share of available memory the weights may take and still "fit"
@@ -30,10 +33,14 @@ class ModelCost:
     device: torch.device
     available_bytes: int | None  # memory free on `device` now (None: unknown)
     vision_parameters: int | None = None  # of `parameters`, a VLM's image encoder's
+    quantization: str = "none"
+    quantized_parameters: int = 0  # of `parameters`, those stored int8/nf4
 
     @property
     def weight_bytes(self) -> int:
-        return self.parameters * torch.empty((), dtype=self.dtype).element_size()
+        plain = (self.parameters - self.quantized_parameters) * _element_size(self.dtype)
+        per_weight = BYTES_PER_WEIGHT.get(self.quantization, 0.0)
+        return int(plain + self.quantized_parameters * per_weight)
 
     @property
     def fits(self) -> bool | None:
@@ -46,19 +53,65 @@ class ModelCost:
         line = f"{human_count(self.parameters)} parameters"
         if self.vision_parameters:
             line += f" ({human_count(self.vision_parameters)} in the vision tower)"
-        line += f", {human_bytes(self.weight_bytes)} in {dtype}"
+        if self.quantization == "none":
+            line += f", {human_bytes(self.weight_bytes)} in {dtype}"
+        else:
+            line += (f", {human_bytes(self.weight_bytes)} with {human_count(self.quantized_parameters)} "
+                     f"in {self.quantization} and the rest in {dtype}")
         if self.available_bytes is None:
             return f"{line}; free memory on {self.device} unknown"
         verdict = "fits" if self.fits else "does NOT fit"
         return (
             f"{line}; {human_bytes(self.available_bytes)} free on {self.device.type}: {verdict}"
-            + ("" if self.fits else " (try a smaller --dtype, another device, or a smaller model)")
+            + ("" if self.fits else " (try a smaller --dtype, --base-quantization int8 or nf4, "
+               "another device, or a smaller model)")
         )
 
 
-def model_cost(folder: Path, dtype: torch.dtype, device: torch.device) -> ModelCost:
+def model_cost(folder: Path, dtype: torch.dtype, device: torch.device,
+               quantization: str = "none") -> ModelCost:
     total, vision = parameter_counts(folder)
-    return ModelCost(total, dtype, device, available_memory(device), vision or None)
+    quantized = 0 if quantization == "none" else quantizable_parameters(folder)
+    return ModelCost(total, dtype, device, available_memory(device), vision or None,
+                     quantization, quantized)
+
+
+def quantizable_parameters(folder: Path) -> int:
+    """The weights an int8/nf4 base quantises (`quantization.quantizable_linears`): every 2-D
+    weight of the language model but the embeddings and the output layer, from the safetensors
+    headers when there are some, else counted on a meta-device model built from config.json."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    elif (folder / "model.safetensors").is_file():
+        shards = ["model.safetensors"]
+    else:
+        shards = []
+    if shards and all((folder / s).is_file() for s in shards):
+        return sum(
+            _numel(info["shape"])
+            for shard in shards
+            for name, info in _safetensors_header(folder / shard).items()
+            if name != "__metadata__" and len(info["shape"]) == 2 and name.endswith(".weight")
+            and "embed" not in name and "lm_head" not in name and not _in_vision_tower(name)
+        )
+    return _config_linear_parameters(json.loads((folder / "config.json").read_text()))
+
+
+def _config_linear_parameters(config: dict[str, Any]) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(config.get("model_type"), **settings))
+    head = model.get_output_embeddings()
+    return sum(m.weight.numel() for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m is not head)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def parameter_count(folder: Path) -> int:

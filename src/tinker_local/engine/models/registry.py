@@ -24,7 +24,8 @@ import torch
 
 from tinker_local.engine.cpu_features import bf16_kernels_available
 from tinker_local.engine.models import builtin
-from tinker_local.engine.models.cost import model_cost
+from tinker_local.engine.models import quantization as quant
+from tinker_local.engine.models.cost import human_bytes, model_cost
 from tinker_local.engine.models.tiny_vision import IMAGE_PROCESSOR_FILE
 
 if TYPE_CHECKING:  # transformers is imported where a model is loaded (it is slow to import)
@@ -85,6 +86,7 @@ class LoadedBase:
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: list[int]
     vocab_size: int  # width of the logits (config.vocab_size; may exceed len(tokenizer))
+    quantization: str = "none"  # "int8"/"nf4": its Linear layers are quantised (quantization.py)
 
     @property
     def device(self) -> torch.device:
@@ -192,21 +194,39 @@ def load_base(
     name: str,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    quantization: str = "none",
 ) -> LoadedBase:
-    """Load model `name` frozen, in eval mode, and make its tokenizer resolvable offline by name."""
+    """Load model `name` frozen, in eval mode, and make its tokenizer resolvable offline by name.
+    `quantization` "int8"/"nf4": its Linear layers quantised (`quantization.py`; a
+    `QuantizationError` when that cannot be done for this model or device)."""
     from transformers import AutoTokenizer
 
     folder = resolve_model(name)
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
+    method = quant.check_name(quantization)
+    library = ""
+    if method != "none":
+        quant.check_applicable(name, _read_config(folder), method)
+        library = quant.backend(resolved_device)
+    quantization_plan = quant.from_pretrained_kwargs(
+        method, resolved_dtype, resolved_device, library)
     if resolved_device.type == "cpu" and resolved_dtype == torch.bfloat16 \
             and not bf16_kernels_available():
         logger.warning(
             "bfloat16 on a CPU without bf16 matrix kernels (no AVX-512/AVX-NE-CONVERT): products "
             "take a slow path (batch-32 sampling measured ~5x slower than float32 on an AVX2 "
             "AMD EPYC). float32 is the CPU default.")
-    _log_cost(name, folder, resolved_dtype, resolved_device)
-    model = _load_causal_lm(folder, resolved_dtype).to(resolved_device)
+    _log_cost(name, folder, resolved_dtype, resolved_device, method)
+    model = _load_causal_lm(folder, resolved_dtype, **quantization_plan)
+    if "device_map" not in quantization_plan:  # bitsandbytes placed it while loading
+        model = model.to(resolved_device)
+    if method != "none":
+        quant.quantize_loaded(model, method, library)
+        quant.after_load(model, method)
+        logger.info("%s: %d Linear layers in %s (%s), weights %s as loaded", name,
+                    quant.quantized_layers(model), method, library,
+                    human_bytes(quant.weight_bytes(model)))
     model.eval()
     model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -218,6 +238,7 @@ def load_base(
         tokenizer=tokenizer,
         eos_token_ids=eos_token_ids(model, tokenizer),
         vocab_size=int(model.config.get_text_config().vocab_size),
+        quantization=method,
     )
 
 
@@ -382,11 +403,13 @@ def _write_atomically(path: Path, text: str) -> None:
 # helpers
 
 
-def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
-    """What loading will cost (parameters, bytes in `dtype`, fits memory or not), said before
-    the weights are read: a model too big for the machine is named before it swaps or dies."""
+def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device,
+              quantization: str = "none") -> None:
+    """What loading will cost (parameters, bytes in `dtype` or quantised, fits memory or not),
+    said before the weights are read: a model too big for the machine is named before it swaps
+    or dies."""
     try:
-        cost = model_cost(folder, dtype, device)
+        cost = model_cost(folder, dtype, device, quantization)
     except (OSError, ValueError, KeyError) as error:  # an odd config: the load will say more
         logger.info("loading %s (cost unknown: %s)", name, error)
         return
@@ -394,9 +417,10 @@ def _log_cost(name: str, folder: Path, dtype: torch.dtype, device: torch.device)
     logger.log(level, "loading %s: %s", name, cost.describe())
 
 
-def _load_causal_lm(folder: Path, dtype: torch.dtype):
+def _load_causal_lm(folder: Path, dtype: torch.dtype, **extra: Any):
     """The model in `folder`: a vision-language model whole (vision tower included, through
-    `AutoModelForImageTextToText`), any other as a causal LM."""
+    `AutoModelForImageTextToText`), any other as a causal LM. `extra`: more `from_pretrained`
+    arguments (a quantisation)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if is_vision_config(_read_config(folder)) \
@@ -404,13 +428,13 @@ def _load_causal_lm(folder: Path, dtype: torch.dtype):
     try:
         with builtin.no_progress_bars():
             return auto.from_pretrained(
-                folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+                folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True, **extra
             )
     except (ValueError, ImportError) as error:  # architectures without an SDPA path
         logger.info("sdpa attention unavailable for %s (%s); using eager", folder, error)
         with builtin.no_progress_bars():
             return auto.from_pretrained(
-                folder, dtype=dtype, attn_implementation="eager", local_files_only=True
+                folder, dtype=dtype, attn_implementation="eager", local_files_only=True, **extra
             )
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from tinker_local.engine.cpu_features import bf16_kernels_available
+from tinker_local.engine.models.quantization import plain_weights
 
 MIN_WEIGHT_ELEMENTS = 256 * 256  # smaller matrices (LoRA A/B) are not worth packing
 MIN_ROWS = 4  # float32: below this, except for very wide outputs, plain F.linear is faster
@@ -47,7 +48,10 @@ def available(model: nn.Module) -> bool:
     return (torch.backends.mkldnn.is_available() and p.device.type == "cpu"
             and p.dtype in PACKED_DTYPES
             and (p.dtype != torch.bfloat16 or bf16_kernels_available())
-            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+            # a quantised base (torchao keeps nn.Linear with a tensor-subclass weight): its
+            # layers run as they are, and the bare Llama decode (which asks this) stays off
+            and plain_weights(model))
 
 
 @contextmanager

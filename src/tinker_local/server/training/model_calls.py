@@ -19,7 +19,9 @@ import pydantic
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from tinker_local import config as tinker_config
 from tinker_local.config import (
+    BASE_QUANTIZATION_METADATA_KEY,
     LORA_ALPHA_METADATA_KEY,
     LORA_DROPOUT_METADATA_KEY,
     LORA_VISION_METADATA_KEY,
@@ -120,6 +122,21 @@ def lora_extension(spec: LoraSpec, metadata: Mapping[str, Any] | None) -> LoraSp
     if dropout is not None:
         spec = dataclasses.replace(spec, dropout=dropout)
     return spec
+
+
+def base_quantization_kwargs(metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """`create_model`'s `base_quantization` keyword when `user_metadata` asks for one ("none",
+    "int8", "nf4"; tinker-local extension), else nothing (the server's default applies, and
+    engines without quantised bases never see the keyword). A bad name is a 400 naming the key."""
+    value = (metadata or {}).get(BASE_QUANTIZATION_METADATA_KEY)
+    if value is None:
+        return {}
+    try:
+        name = tinker_config.base_quantization(
+            str(value), source=f"user_metadata[{BASE_QUANTIZATION_METADATA_KEY!r}]")
+    except ValueError as error:
+        raise ApiError(400, str(error)) from None
+    return {"base_quantization": name}
 
 
 def check_optimizer(optimizer_config: types.OptimizerConfig | None) -> str:
@@ -279,6 +296,7 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
     if not req.base_model:
         raise ApiError(400, "create_model needs a base_model")
     lora = lora_extension(_lora_spec(req.lora_config), req.user_metadata)
+    quantization = base_quantization_kwargs(req.user_metadata)
     model, new = register_model(
         svc, req.session_id, req.model_seq_id, req.base_model, "create_model", req.user_metadata,
         optimizer,
@@ -294,7 +312,7 @@ def create_model(svc: Service, req: types.CreateModelRequest) -> FutureRecord:
         try:
             return engine.create_model(
                 model_id, req.base_model, lora, value_head=value_head,
-                **optimizer_kwargs(optimizer),
+                **optimizer_kwargs(optimizer), **quantization,
             )
         except BaseException as exc:
             model.creation_error = str(exc)

@@ -22,6 +22,7 @@ from tinker_local.server.core.live_state import SamplingSession, TrainingModel, 
 from tinker_local.server.core.owners import current_owner, write_run_owner
 from tinker_local.server.core.service import Service
 from tinker_local.server.training.model_calls import (
+    base_quantization_kwargs,
     check_created,
     check_optimizer,
     optimizer_kwargs,
@@ -246,6 +247,7 @@ def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> Futu
     if req.session_id is None or req.model_seq_id is None:
         raise ApiError(400, "load_weights with session_id also needs model_seq_id")
     requested = check_optimizer(req.optimizer_config)
+    asked_quantization = base_quantization_kwargs(req.user_metadata)
     _source, directory = _load_source(svc, req.path, req.optimizer)
     base_model, saved_optimizer = _checkpoint_meta(directory)
     # Restored optimizer state brings its own family; a weights-only load uses the one asked for.
@@ -272,9 +274,13 @@ def _create_from_checkpoint(svc: Service, req: types.LoadWeightsRequest) -> Futu
     def job(engine: Engine) -> ModelInfo:
         try:
             meta = read_checkpoint_meta(directory)
+            # a run trained on a quantised base resumes on it, unless user_metadata says otherwise
+            quantization = asked_quantization or (
+                {} if meta.base_quantization is None
+                else {"base_quantization": meta.base_quantization})
             engine.create_model(
                 model_id, req.base_model or meta.base_model, meta.lora,
-                **optimizer_kwargs(optimizer),
+                **optimizer_kwargs(optimizer), **quantization,
             )
             try:
                 engine.load_state(model_id, directory, with_optimizer=req.optimizer)
