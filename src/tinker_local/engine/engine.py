@@ -58,6 +58,10 @@ from tinker_local.engine.sampling.builtin_backend import (
     SamplerSlot,
     SamplingFactory,
 )
+from tinker_local.engine.sampling.prefix_cache import (
+    DEFAULT_BUDGET_BYTES as DEFAULT_PREFIX_CACHE_BYTES,
+)
+from tinker_local.engine.sampling.prefix_cache import check_budget
 from tinker_local.engine.sampling.sampler import Sampler
 from tinker_local.engine.training import checkpoints
 from tinker_local.engine.training.dimuon import DimuonOptimizer
@@ -113,6 +117,7 @@ def _new_optimizer(
 class _SamplerEntry:
     base_model: str
     adapter_key: str | None  # None: the bare base model
+    inflight_of: str | None = None  # the training model whose inflight weights it samples
 
 
 def batch_models_by_default(device: str) -> bool:
@@ -129,6 +134,10 @@ def _sampler_key(sampler_id: str) -> str:
     return f"sampler:{sampler_id}"
 
 
+def _inflight_key(model_id: str) -> str:
+    return f"inflight:{model_id}"
+
+
 class Engine:
     def __init__(
         self,
@@ -140,18 +149,24 @@ class Engine:
         loader: Callable[[str], Any] | None = None,
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
+        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
         `loader(name) -> LoadedBase` replaces `registry.load_base` (tests).
         `batch_models`: let `forward_backward_many` run several models' calls in one pass;
         None decides by device (`batch_models_by_default`).
-        `sampling`: builds the sampling backend from the engine's sampler resolver."""
+        `sampling`: builds the sampling backend from the engine's sampler resolver.
+        `prefix_cache_bytes`: each base model's prefix cache budget (sampling/prefix_cache.py);
+        None: no prefix cache."""
         try:
             resolved_device = registry.resolve_device(device)
             resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
+            if prefix_cache_bytes is not None:
+                check_budget(prefix_cache_bytes)
         except ValueError as error:
             raise user_error(str(error)) from None
+        self.prefix_cache_bytes = prefix_cache_bytes
         self._loader = loader or (
             lambda name: registry.load_base(name, device=resolved_device, dtype=resolved_dtype)
         )
@@ -171,6 +186,8 @@ class Engine:
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _TrainingModel] = {}
         self._samplers: dict[str, _SamplerEntry] = {}
+        # training model id -> the ids of the inflight samplers on its shared inflight weights
+        self._inflight: dict[str, set[str]] = {}
         self.sampling: EngineSampling = sampling(self._resolve_sampler)
         self._custom_losses: dict[str, CompiledLoss] = {}
         limit_heap_fragmentation()
@@ -384,13 +401,22 @@ class Engine:
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
         """A sampler on the bare base, a saved adapter folder, or a snapshot of a training
         model's current weights (later training does not change it). Returns the base name.
-        The sampling backend is told, and may refuse it (vLLM: a rank above its limit)."""
+        The sampling backend is told, and may refuse it (vLLM: a rank above its limit).
+
+        `inflight` (with `from_model_id`; the SDK's `kind="inflight"`): the training model's
+        current weights are published to its one shared inflight target, which this sampler
+        and every earlier inflight sampler of the model sample from now on (a later inflight
+        save updates them all); each inflight sampler has its own prefix cache namespace."""
         given = [x is not None for x in (base_model, adapter_dir, from_model_id)]
         if sum(given) != 1:
             raise user_error("give exactly one of base_model, adapter_dir, from_model_id")
+        if inflight and from_model_id is None:
+            raise user_error("an inflight sampler samples a training model's weights: give "
+                             "from_model_id")
         if sampler_id in self._samplers:
             raise user_error(f"sampler {sampler_id!r} already exists")
         key = _sampler_key(sampler_id)
@@ -404,6 +430,12 @@ class Engine:
             self._base(meta.base_model).pool.load_folder(folder, key)
             entry = _SamplerEntry(meta.base_model, key)
             write_adapter = functools.partial(checkpoints.copy_adapter_files, folder)
+        elif inflight:
+            model_id = str(from_model_id)
+            entry = _SamplerEntry(self._publish_inflight(model_id), _inflight_key(model_id),
+                                  inflight_of=model_id)
+            self._inflight.setdefault(model_id, set()).add(sampler_id)
+            write_adapter = functools.partial(self.save_sampler_weights, model_id)
         else:
             model_id = str(from_model_id)
             model = self._model(model_id)
@@ -423,7 +455,29 @@ class Engine:
         self.sampling.remove_sampler(sampler_id)
         self._forget_sampler(sampler_id)
 
+    def prefill_counts(self, base_model: str) -> tuple[int, int]:
+        """(prompt tokens prefilled, prompt tokens loaded from the prefix cache) by the built-in
+        sampler of `base_model` so far (0, 0 before its first sample)."""
+        base = self._bases.get(base_model)
+        if base is None or base.sampler is None:
+            return 0, 0
+        return base.sampler.counts.prefilled, base.sampler.counts.reused
+
     # ---- internals ---------------------------------------------------------------------------
+
+    def _publish_inflight(self, model_id: str) -> str:
+        """Copy `model_id`'s current weights into its inflight target (made on first use); the
+        target's cached prefixes are dropped. Returns the base model's name."""
+        model = self._model(model_id)
+        base = self._bases[model.base_model]
+        key = _inflight_key(model_id)
+        if key not in base.pool:
+            base.pool.snapshot(_train_key(model_id), key)
+            return model.base_model
+        base.pool.load_state_dict(key, base.pool.state_dict(_train_key(model_id)))
+        if base.sampler is not None and base.sampler.prefix_cache is not None:
+            base.sampler.prefix_cache.forget_adapter(base.pool.adapter_name(key))
+        return model.base_model
 
     def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
         """Validate one call completely (before any compute) and resolve what runs it."""
@@ -501,7 +555,7 @@ class Engine:
         if base.sampler is None:
             loaded = base.loaded
             base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids,
-                                   base.vision)
+                                   base.vision, prefix_cache_bytes=self.prefix_cache_bytes)
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
@@ -510,12 +564,22 @@ class Engine:
         base = self._bases[entry.base_model]
         adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
         return SamplerSlot(entry.base_model, Path(base.loaded.folder), self._base_sampler(base),
-                           adapter)
+                           adapter, kv_namespace=sampler_id if entry.inflight_of else None)
 
     def _forget_sampler(self, sampler_id: str) -> None:
         entry = self._samplers.pop(sampler_id)
-        if entry.adapter_key is not None:
-            self._bases[entry.base_model].pool.remove(entry.adapter_key)
+        if entry.adapter_key is None:
+            return
+        if entry.inflight_of is not None:
+            sharing = self._inflight[entry.inflight_of]
+            sharing.discard(sampler_id)
+            if sharing:
+                return  # other inflight samplers still sample the shared target
+            del self._inflight[entry.inflight_of]
+        base = self._bases[entry.base_model]
+        if base.sampler is not None and base.sampler.prefix_cache is not None:
+            base.sampler.prefix_cache.forget_adapter(base.pool.adapter_name(entry.adapter_key))
+        base.pool.remove(entry.adapter_key)
 
     def _model(self, model_id: str) -> _TrainingModel:
         try:
