@@ -85,6 +85,7 @@ class BanditEngine:
         self.tokenizer_path = tokenizer_path
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, np.ndarray] = {}
+        self.inflight: dict[str, np.ndarray] = {}  # model id -> its shared inflight weights
         self.loss_fns: list[str] = []
         self.sample_calls: list[SamplingRequest] = []
         self.batch_models = False
@@ -219,8 +220,13 @@ class BanditEngine:
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
-        if from_model_id is not None:
+        if inflight and from_model_id is not None:  # one array per model, updated in place
+            shared = self.inflight.setdefault(from_model_id, self.models[from_model_id].w.copy())
+            shared[:] = self.models[from_model_id].w
+            self.samplers[sampler_id] = shared
+        elif from_model_id is not None:
             self.samplers[sampler_id] = self.models[from_model_id].w.copy()
         elif adapter_dir is not None:
             state = json.loads((Path(adapter_dir) / "bandit.json").read_text())

@@ -498,10 +498,14 @@ class Engine(Protocol):
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
         """A sampler on exactly one of: the bare base model, a saved adapter folder, or a
         snapshot of a training model's current weights (later training does not change it).
-        Returns its base model's name."""
+        Returns its base model's name. `inflight` (with `from_model_id`, the SDK's
+        `kind="inflight"`): instead of a snapshot, the training model's one shared inflight
+        weights, set now to its current weights for every inflight sampler of it, old and new;
+        the sampler gets a KV namespace of its own."""
         ...
 
     def unload_sampler(self, sampler_id: str) -> None:
