@@ -129,11 +129,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one round on the dense tiny VLM only: checks the script runs")
     args = parser.parse_args()
+    models = (TINY_QWEN3_VL, TINY_QWEN3_VL_MOE)
+    if args.smoke:
+        args.rounds, models = 1, (TINY_QWEN3_VL,)
     load_before = os.getloadavg()
     engine = Engine(device="cpu", dtype="float32")
     rows = []
-    for model in (TINY_QWEN3_VL, TINY_QWEN3_VL_MOE):
+    for model in models:
         for with_images in (False, True):
             prompts = inputs(engine, model, with_images)
             rows.append({

@@ -24,6 +24,7 @@ OUTPUT = {
     "gemm_rows": ("--out", "file", []),
     "inference_apis": ("--out", "file", []),
     "load": ("--out", "file", []),
+    "model_families": ("--out", "file", []),
     "multi_adapter_train": ("--out", "file", []),
     "rl_vs_trl": ("--out", "file", ["--skip-trl"]),  # TRL: test_rl_vs_trl_with_trl
     "sampler": ("--out", "file", ["--engines", "ours", "ours_lora", "generate"]),
@@ -31,6 +32,8 @@ OUTPUT = {
     "sft_pipeline_demo": ("--log-dir", "dir", []),
     "sft_throughput": ("--out", "dir", []),
     "train_memory": ("--out", "dir", []),
+    "verifier_worst_case": ("--out", "file", []),
+    "vision_throughput": ("--out", "dir", []),
 }
 
 

@@ -23,6 +23,7 @@ CITED_PACKAGES = ("tinker", "tinker_cookbook", "transformers", "peft")
 # Names that stand for a file the reader writes, or one that a program writes at run time.
 EXAMPLE_NAMES = {
     "my_tinker_script.py",  # README: "run your own script"
+    "mytasks.py",  # docs/recipes.md: "your own task" example module
     "script.py",
     "main.py",  # sandbox/: the program file a sandbox run writes
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository

@@ -45,6 +45,7 @@ from tinker_local.apps.seeds import (
     write_summary,
 )
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl.env_errors import TooManyEnvErrors
 from tinker_local.rl.step_metrics import eval_task_names
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks.debate import ModelJudge
@@ -248,6 +249,16 @@ def _train(cfg: RLConfig, train: Any, test: Any, client: Any, args: Any) -> Trai
     def datasets(_tokenizer: Any) -> tuple[Any, Any]:
         return train, test
 
+    try:
+        result = _train(cfg, datasets, client, args)
+    except TooManyEnvErrors as error:  # the task is broken: its message says which and how
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    _print_result(result)
+    return 0
+
+
+def _train(cfg: RLConfig, datasets: Any, client: Any, args: argparse.Namespace) -> TrainResult:
     if args.no_progress or not sys.stderr.isatty():
         return run(
             cfg,

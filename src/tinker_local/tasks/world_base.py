@@ -6,6 +6,11 @@ opening observation), `_apply(action)` (do one parsed action, raise `InvalidActi
 feedback when it can't be done) and `expert_action()`. `reset()` rebuilds everything from the
 seed, so a world can be replayed; `make_world_factories` hands out zero-argument callables that
 build fresh, identical worlds (what a group of rollouts needs).
+
+Any action text gets an observation, never an exception: the verb is looked for in the first
+`MAX_ACTION_LINES` lines only (a megabyte of newlines is not a megabyte of parsing), feedback
+repeats at most `MAX_FEEDBACK_CHARS` of what the action said, and observations are cleaned of
+lone surrogates (`model_text.clean`) so they can always be encoded.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from dataclasses import dataclass
 
 from tinker_local.rl.types import Message, TextWorld, WorldStep
 from tinker_local.tasks.code_answers import strip_thinking
+from tinker_local.tasks.model_text import clean, shorten
+
+MAX_ACTION_LINES = 1000
+MAX_FEEDBACK_CHARS = 1000
 
 
 class InvalidAction(Exception):
@@ -48,13 +57,14 @@ _PREFIX = re.compile(
 
 def parse_action(text: str, verbs: tuple[str, ...]) -> ParsedAction | None:
     """The first line that starts with a known verb (case, `_` vs space, `verb[arg]`,
-    `verb(arg)`, `verb arg`, an `Action:` prefix and markdown emphasis don't matter)."""
+    `verb(arg)`, `verb arg`, an `Action:` prefix and markdown emphasis don't matter), among the
+    first `MAX_ACTION_LINES` lines."""
     lines = strip_thinking(text or "").split("\n")
     forms = sorted(
         ((form, verb) for verb in verbs for form in {verb, verb.replace("_", " ")}),
         key=lambda fv: -len(fv[0]),
     )
-    for i, raw in enumerate(lines):
+    for i, raw in enumerate(lines[:MAX_ACTION_LINES]):
         line = _PREFIX.sub("", raw.strip().strip("`*").strip()).strip("`*").strip()
         low = line.lower()
         for form, verb in forms:
@@ -123,11 +133,11 @@ class ActionWorld(TextWorld):
         except InvalidAction as exc:
             invalid = True
             self.invalid_actions += 1
-            outcome = Outcome(f"Invalid action: {exc}")
+            outcome = Outcome(f"Invalid action: {shorten(str(exc), MAX_FEEDBACK_CHARS)}")
         self.total_reward += outcome.reward
         self.success = self.success or outcome.success
         self.done = outcome.success or outcome.done or self.turn >= self.max_turns
-        text = outcome.observation
+        text = clean(outcome.observation)
         if self.done and not outcome.success and not outcome.done:
             text += f"\nYou ran out of turns ({self.max_turns})."
         return WorldStep(text, outcome.reward, self.done, self._metrics(invalid))

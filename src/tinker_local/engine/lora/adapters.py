@@ -85,8 +85,15 @@ def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
 
 def frozen_expert_weights(model: nn.Module) -> list[str]:
     """Fused mixture-of-experts weights (3-D parameters: one matrix per expert), which LoRA
-    leaves frozen."""
-    return [name for name, param in model.named_parameters() if param.ndim == 3]
+    leaves frozen. Convolution kernels are 3-D too (Qwen3.5's linear-attention conv1d) and
+    are not experts."""
+    return [
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if not isinstance(module, nn.modules.conv._ConvNd)
+        for name, param in module.named_parameters(recurse=False)
+        if param.ndim == 3
+    ]
 
 
 def _compact_targets(model: nn.Module, names: list[str]) -> list[str]:

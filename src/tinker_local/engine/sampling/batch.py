@@ -182,7 +182,7 @@ class DecodeBatch:
         """Columns to allocate past the write column: enough for every row to finish, unless
         that would exceed the memory budget (then grow later in chunks)."""
         need = max(r.max_tokens - len(r.tokens) for r in rows)
-        per_col = _bytes_per_row_column(sample)
+        per_col = sample.bytes_per_row_column()
         if per_col and len(rows) * need * per_col > KV_BUDGET_BYTES:
             return max(1, min(need, GROW_CHUNK))
         return max(1, need)
@@ -219,12 +219,3 @@ def _pad_left(valid: torch.Tensor, col: int, width: int) -> torch.Tensor:
     end = valid.shape[1]
     out[:, col - end : col] = valid
     return out
-
-
-def _bytes_per_row_column(cache: SlotCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        if layer.is_initialized:
-            k, v = layer.keys, layer.values
-            total += (k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size()
-    return total

@@ -21,7 +21,11 @@ from contextlib import contextmanager
 
 import torch
 
-from tinker_local.engine.models.attention_masks import column_window, model_attention_mask
+from tinker_local.engine.models.attention_masks import (
+    column_window,
+    model_attention_mask,
+    recurrent_layer_indices,
+)
 from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
 from tinker_local.engine.sampling.fused_lora import supported as fused_lora_supported
@@ -73,6 +77,8 @@ class ModelRunner:
         self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self.text_config = text_config
+        # Linear-attention layers (hybrid models): a per-row state in the cache, not KV.
+        self.recurrent_layers = recurrent_layer_indices(text_config)
         self.activation_dtype = model.get_input_embeddings().weight.dtype
         self.cache_keyword = _cache_keyword(model.get_base_model() if self.is_peft else model)
         self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
@@ -89,6 +95,10 @@ class ModelRunner:
         # on it arrives.
         self._causal = model.get_base_model() if self.is_peft else model
         self.softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
+
+    def new_cache(self, width: int) -> SlotCache:
+        """An empty cache of `width` columns for this model's layers."""
+        return SlotCache(self.num_layers, width, self.recurrent_layers)
 
     def limits(self) -> ModelLimits:
         adapters: frozenset[str] = frozenset()
@@ -207,5 +217,9 @@ class ModelRunner:
 
     def _model_mask(self, visible: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """`visible` ([B, 1, Q, K] bool, queries in the last Q columns) as the model reads it."""
-        within = column_window(visible.shape[-2], visible.shape[-1], visible.device)
-        return model_attention_mask(self.text_config, visible, within, self.activation_dtype)
+        queries, keys = visible.shape[-2], visible.shape[-1]
+        within = column_window(queries, keys, visible.device)
+        # A query is a real token iff the last query (always real) may attend to its column.
+        real = visible[:, 0, -1, keys - queries :]
+        return model_attention_mask(self.text_config, visible, within, self.activation_dtype,
+                                    real_queries=real)

@@ -169,8 +169,8 @@ def run_prefill(
     causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & valid[:, None, :]) | diagonal[None]
-    cache = SlotCache(runner.num_layers, width)
-    if start > 0:
+    cache = runner.new_cache(width)
+    if start > 0:  # never for hybrid models: prefix_cache_support keeps their cache off
         assert cached is not None and not any(k.images for k in keys)
         load_prefixes(cache, [(width - lengths[i], cached[i].kv(reused[i]) if reused[i] else None)
                               for i in range(n)])

@@ -30,7 +30,7 @@ their ends (an evicted parent leaves no reachable child behind).
 
 Exactness: a position's keys and values depend only on the tokens up to it (causal attention,
 explicit positions), so loading them equals computing them, up to the rounding of different
-batch shapes (~1e-6 in float32). `tests/engine/sampling/test_prefix_cache.py` checks logprobs
+batch shapes (~1e-6 in float32). `tests/engine/test_prefix_cache.py` checks logprobs
 with and without the cache.
 
 When it is off (`prefix_cache_support`): models with linear-attention (recurrent) layers,

@@ -35,7 +35,7 @@ from tinker_local.engine.training.logprobs import (
     grouped_sequence_forward,
     plan_micro_batches,
 )
-from tinker_local.engine.training.packing import PackedRow
+from tinker_local.engine.training.packing import PackedRow, prefix_packing_supported
 from tinker_local.engine.training.vision_rows import plan_rows
 
 
@@ -113,10 +113,11 @@ def _run(
     totals = [0.0] * len(calls)
     custom_metrics: list[dict[str, float]] = [{} for _ in calls]
     rows: list[_Row] = []
+    share_prefixes = prefix_packing_supported(pool.model)
     for c, seqs in enumerate(sequences):
         planned = plan_rows(
             [s.tokens for s in seqs], [s.images for s in seqs], [s.width for s in seqs],
-            token_budget,
+            token_budget, share_prefixes=share_prefixes,
         )
         rows.extend(_Row(c, row) for row in planned)
     row_lengths = [

@@ -265,7 +265,8 @@ def grouped_sequence_forward(
     mask = None
     if batch.attention_mask is not None:
         dtype = parts.body.get_input_embeddings().weight.dtype
-        mask = model_attention_mask(parts.body.config, batch.attention_mask.to(device),
+        mask = model_attention_mask(parts.body.config.get_text_config(),
+                                    batch.attention_mask.to(device),
                                     position_window(position_ids), dtype)
     hidden = parts.body(
         input_ids=batch.input_ids.to(device),

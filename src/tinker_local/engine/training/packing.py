@@ -10,6 +10,13 @@ A packed row is laid out as [shared prefix][suffix of member 1][suffix of member
 position ids restarting at the prefix length for every suffix and a block attention mask. Rows of
 one sequence are ordinary causal rows; when a micro-batch has only such rows no mask is built, so
 the fused causal attention kernel stays in use.
+
+Hybrid models (Qwen3.5's linear-attention layers) never pack: a linear-attention layer runs a
+recurrence along the row, which no attention mask reaches, so suffix 2 would read suffix 1's
+tokens through the state. Doing it right means running each suffix from a copy of the state
+the prefix left, a forward the Hugging Face models do not offer for training;
+`prefix_packing_supported` says which models pack, and the forward refuses a packed row for the
+others (attention_masks.py) rather than compute it wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from tinker_local.engine.models.attention_masks import recurrent_layer_indices
 
 # Below this many shared tokens packing saves too little to pay for the explicit attention mask.
 MIN_SHARED_TOKENS = 16
@@ -34,6 +44,14 @@ class PackedRow:
         return self.prefix + sum(lengths[m] - self.prefix for m in self.members)
 
 
+def prefix_packing_supported(model: nn.Module) -> bool:
+    """Whether sequences sharing a prefix may share a row on `model`: not when it has
+    linear-attention (recurrent) layers."""
+    config = model.config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return not recurrent_layer_indices(text_config)
+
+
 def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(a.shape[0], b.shape[0])
     differ = (a[:n] != b[:n]).nonzero()
@@ -46,6 +64,7 @@ def plan_packed_rows(
     max_row_tokens: int,
     widths: list[int] | None = None,
     min_shared: int = MIN_SHARED_TOKENS,
+    share_prefixes: bool = True,
 ) -> list[PackedRow]:
     """Choose which sequences share a row so that the total token positions computed is smallest.
 
@@ -53,9 +72,12 @@ def plan_packed_rows(
     programme then splits the sorted order into runs, each either one sequence alone or several
     sharing their common prefix (at least `min_shared` tokens, row at most `max_row_tokens`).
     `widths` (targets per position) must agree within a row; sequences of different widths never
-    share. Every sequence keeps at least one token of its own after the prefix.
+    share. Every sequence keeps at least one token of its own after the prefix. Without
+    `share_prefixes`, every sequence gets a row of its own.
     """
     n = len(tokens)
+    if not share_prefixes:
+        return [PackedRow((i,), 0) for i in range(n)]
     widths = widths or [1] * n
     lengths = [int(t.shape[0]) for t in tokens]
     order = sorted(range(n), key=lambda i: (widths[i], tokens[i].tolist()))

@@ -26,14 +26,16 @@ def plan_rows(
     images: list[tuple[ImageSlot, ...]],
     widths: list[int],
     max_row_tokens: int,
+    share_prefixes: bool = True,
 ) -> list[PackedRow]:
-    """Packed rows for sequences `tokens`; those with images get a row each."""
+    """Packed rows for sequences `tokens`; those with images get a row each, and every one when
+    not `share_prefixes` (a hybrid model: `packing.prefix_packing_supported`)."""
     text = [i for i, own in enumerate(images) if not own]
     rows = [
         PackedRow(tuple(text[m] for m in row.members), row.prefix)
         for row in plan_packed_rows(
             [tokens[i] for i in text], widths=[widths[i] for i in text],
-            max_row_tokens=max_row_tokens,
+            max_row_tokens=max_row_tokens, share_prefixes=share_prefixes,
         )
     ]
     rows += [PackedRow((i,), 0) for i, own in enumerate(images) if own]
