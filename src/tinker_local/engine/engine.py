@@ -213,14 +213,18 @@ class Engine:
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""
         device = torch.device(self.device)
+        counts = [self.prefill_counts(name) for name in list(self._bases)]
+        prefill = {"prompt_tokens_prefilled": sum(c[0] for c in counts),
+                   "prompt_tokens_from_prefix_cache": sum(c[1] for c in counts)}
         if device.type != "cuda":
-            return EngineStatus(str(device), tuple(self._bases))
+            return EngineStatus(str(device), tuple(self._bases), **prefill)
         index = device.index if device.index is not None else torch.cuda.current_device()
         return EngineStatus(
             f"{device} ({torch.cuda.get_device_name(index)})",
             tuple(self._bases),
             torch.cuda.memory_allocated(index),
             torch.cuda.get_device_properties(index).total_memory,
+            **prefill,
         )
 
     # ---- training models ---------------------------------------------------------------------

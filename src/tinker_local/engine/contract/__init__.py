@@ -405,6 +405,10 @@ class EngineStatus:
     # Accelerator memory in use by this process and the device's total (None on CPU).
     accelerator_memory_bytes: int | None = None
     accelerator_memory_total_bytes: int | None = None
+    # Prompt tokens the built-in samplers ran through the model, and those they loaded from
+    # the prefix cache instead (engine/sampling/prefix_cache.py), over all base models.
+    prompt_tokens_prefilled: int = 0
+    prompt_tokens_from_prefix_cache: int = 0
 
 
 @runtime_checkable
