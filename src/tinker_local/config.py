@@ -111,3 +111,8 @@ def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] |
     if dropout:
         metadata[LORA_DROPOUT_METADATA_KEY] = repr(float(dropout))
     return metadata or None
+
+
+# The prefix cache's default budget per base model (`serve --prefix-cache-mib`, the embedded
+# server's `prefix_cache_mib`): 1 GiB holds ~23k tokens of SmolLM2-135M's KV in float32.
+DEFAULT_PREFIX_CACHE_MIB = 1024

@@ -26,6 +26,7 @@ OUTPUT = {
     "load": ("--out", "file", []),
     "model_families": ("--out", "file", []),
     "multi_adapter_train": ("--out", "file", []),
+    "prefix_cache": ("--out", "file", []),
     "quantization": ("--out", "file", []),
     "rl_vs_trl": ("--out", "file", ["--skip-trl"]),  # TRL: test_rl_vs_trl_with_trl
     "sampler": ("--out", "file", ["--engines", "ours", "ours_lora", "generate"]),

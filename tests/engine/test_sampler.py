@@ -129,9 +129,9 @@ def test_prompts_of_very_different_lengths_prefill_apart_and_stay_exact(model, s
     calls = []
     real_prefill = scheduler_module.run_prefill
 
-    def spy(runner, keys, topk, scored):
+    def spy(runner, keys, *args, **kwargs):
         calls.append(sorted(len(k.prompt) for k in keys))
-        return real_prefill(runner, keys, topk, scored)
+        return real_prefill(runner, keys, *args, **kwargs)
 
     joins = []
     real_join = batch_module.DecodeBatch.join

@@ -283,6 +283,14 @@ def _field_cases(ids: Ids) -> list[Case]:
             (404,),
         ),
         (
+            "save_weights_for_sampler",
+            {"model_id": ids.model_id, "seq_id": 9, "sampling_session_seq_id": 0,
+             "kind": "bogus"},
+            "kind",
+            "",
+            (400,),
+        ),
+        (
             "load_weights",
             {"model_id": ids.model_id, "seq_id": 2, "path": ids.checkpoint, "optimizer": False},
             "out of order",

@@ -152,6 +152,7 @@ class FakeEngine:
         self.sampling = FakeSampling(self)
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, tuple[str, np.ndarray]] = {}
+        self.inflight: dict[str, np.ndarray] = {}  # model id -> its shared inflight weights
         self.calls: list[tuple[Any, ...]] = []
         self.thread: threading.Thread | None = None
         # Seconds each forward_backward sleeps (to hold the worker busy in tests).
@@ -321,9 +322,15 @@ class FakeEngine:
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
         self._record("create_sampler", sampler_id)
-        if from_model_id is not None:
+        if inflight and from_model_id is not None:  # one array per model, updated in place
+            model = self._model(from_model_id)
+            shared = self.inflight.setdefault(from_model_id, model.w.copy())
+            shared[:] = model.w
+            self.samplers[sampler_id] = (model.base_model, shared)
+        elif from_model_id is not None:
             model = self._model(from_model_id)
             self.samplers[sampler_id] = (model.base_model, model.w.copy())
         elif adapter_dir is not None:

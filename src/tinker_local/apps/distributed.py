@@ -57,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _lead(parser, args, group) -> int:  # type: ignore[no-untyped-def]
+    from tinker_local.apps.serve import prefix_cache_bytes
     from tinker_local.engine.distributed.factory import leader_engine_factory
 
     built: list = []
-    make_engine = leader_engine_factory(group, dtype=args.dtype, built=built)
+    make_engine = leader_engine_factory(group, dtype=args.dtype, built=built,
+                                        prefix_cache_bytes=prefix_cache_bytes(args))
     faulted = threading.Event()
 
     def on_fault(message: str) -> None:
@@ -93,7 +95,9 @@ def _follow(args, group) -> int:  # type: ignore[no-untyped-def]
     # Ctrl-C reaches every process of the terminal; this rank stops when rank 0 says so.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        run_follower(group, dtype=args.dtype)
+        from tinker_local.apps.serve import prefix_cache_bytes
+
+        run_follower(group, dtype=args.dtype, prefix_cache_bytes=prefix_cache_bytes(args))
     except Exception as exc:  # noqa: BLE001 - the group is broken: rank 0 reports it
         logger.error("rank %d leaves the group: %s", group.rank, exc)
         return 1

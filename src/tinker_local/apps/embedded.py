@@ -25,7 +25,7 @@ _LOOPBACK = ("127.0.0.1", "localhost")
 
 _lock = threading.Lock()
 _server: Any = None  # the LocalServer, once started
-_engine_options: dict[str, str | None] = {}
+_engine_options: dict[str, object] = {}
 
 
 def add_loopback_to_no_proxy(env: dict[str, str] | os._Environ[str] = os.environ) -> None:
@@ -36,18 +36,24 @@ def add_loopback_to_no_proxy(env: dict[str, str] | os._Environ[str] = os.environ
         env[key] = ",".join(present + [h for h in _LOOPBACK if h not in present])
 
 
-def embedded_server(*, device: str | None = None, dtype: str | None = None) -> Any:
-    """The process-wide embedded server, started on first use and stopped at exit."""
+def embedded_server(*, device: str | None = None, dtype: str | None = None,
+                    prefix_cache_mib: float | None = None, prefix_cache: bool | None = None) -> Any:
+    """The process-wide embedded server, started on first use and stopped at exit.
+    `prefix_cache_mib`: the prefix cache budget (default: `serve`'s, 1024); `prefix_cache=False`
+    turns the cache off."""
     global _server
     from tinker_local.engine.factory import engine_factory
     from tinker_local.server.http.start import LocalServer
 
-    wanted = {"device": device, "dtype": dtype}
+    wanted = {"device": device, "dtype": dtype, "prefix_cache_mib": prefix_cache_mib,
+              "prefix_cache": prefix_cache}
     with _lock:
         if _server is None:
+            cache_bytes = _prefix_cache_bytes(prefix_cache_mib, prefix_cache)
             add_loopback_to_no_proxy()
             go_offline_if_hub_unreachable()  # once, when the server starts
-            _server = LocalServer(engine_factory(device=device, dtype=dtype)).start()
+            _server = LocalServer(engine_factory(
+                device=device, dtype=dtype, prefix_cache_bytes=cache_bytes)).start()
             _engine_options.update(wanted)
             atexit.register(shutdown_embedded_server)
             logger.info("tinker-local embedded server at %s", _server.base_url)
@@ -61,6 +67,17 @@ def embedded_server(*, device: str | None = None, dtype: str | None = None) -> A
         return _server
 
 
+def _prefix_cache_bytes(mib: float | None, enabled: bool | None) -> int | None:
+    if enabled is False:
+        return None
+    if mib is None:
+        mib = config.DEFAULT_PREFIX_CACHE_MIB
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not mib > 0:
+        raise ValueError(f"prefix_cache_mib must be a positive number of MiB, got {mib!r} "
+                         "(to turn the prefix cache off: prefix_cache=False)")
+    return int(mib * 1024 * 1024)
+
+
 def shutdown_embedded_server() -> None:
     global _server
     with _lock:
@@ -70,11 +87,14 @@ def shutdown_embedded_server() -> None:
 
 
 def ServiceClient(
-    *, device: str | None = None, dtype: str | None = None, **kwargs: Any
+    *, device: str | None = None, dtype: str | None = None,
+    prefix_cache_mib: float | None = None, prefix_cache: bool | None = None, **kwargs: Any
 ) -> tinker.ServiceClient:
     """An official `tinker.ServiceClient` bound to the embedded local server.
 
-    `device` / `dtype` configure the engine when this call starts the server. Other keyword
+    `device` / `dtype` / `prefix_cache_mib` (the prefix cache's budget per base model, default
+    1024) / `prefix_cache` (False: no prefix cache) configure the engine when this call starts
+    the server. Other keyword
     arguments (`user_metadata`, `project_id`, ...) go to `tinker.ServiceClient`. To reach
     another server (hosted Tinker, `tinker-local serve`), use `tinker.ServiceClient` directly.
     """
@@ -86,7 +106,8 @@ def ServiceClient(
             )
     import tinker
 
-    server = embedded_server(device=device, dtype=dtype)
+    server = embedded_server(device=device, dtype=dtype, prefix_cache_mib=prefix_cache_mib,
+                             prefix_cache=prefix_cache)
     # SDK telemetry would only be posted to this same process and dropped.
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     return tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY, **kwargs)

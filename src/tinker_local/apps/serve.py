@@ -31,6 +31,26 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         f"ask for its own with user_metadata {config.BASE_QUANTIZATION_METADATA_KEY!r} "
         f"(default none; env {config.BASE_QUANTIZATION_ENV}; docs/quantization.md)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--prefix-cache-mib", type=float, default=PREFIX_CACHE_MIB, metavar="MIB",
+        help="memory for KV of prompts already computed, per base model, reused by later "
+        f"requests that start the same way (default {PREFIX_CACHE_MIB}; docs/prefix_cache.md)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="compute every prompt from scratch")
+
+
+PREFIX_CACHE_MIB = config.DEFAULT_PREFIX_CACHE_MIB
+
+
+def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
+    """The engine's prefix cache budget from `--prefix-cache-mib` / `--no-prefix-cache`;
+    ValueError for a budget that is not positive."""
+    if args.no_prefix_cache:
+        return None
+    if not args.prefix_cache_mib > 0:
+        raise ValueError(f"--prefix-cache-mib must be positive, got {args.prefix_cache_mib:g} "
+                         "(to turn the cache off: --no-prefix-cache)")
+    return int(args.prefix_cache_mib * 1024 * 1024)
 
 
 def _apply_base_quantization(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -224,6 +244,10 @@ def serve_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
     _apply_base_quantization(parser, args)
+    try:
+        cache_bytes = prefix_cache_bytes(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if distributed(args):
         from tinker_local.apps.launch import launch_serve
 
@@ -241,7 +265,8 @@ def serve_main(argv: list[str]) -> int:
     from tinker_local.engine.factory import engine_factory
 
     factory = engine_factory(
-        device=args.device, dtype=args.dtype, allow_download=args.allow_download
+        device=args.device, dtype=args.dtype, allow_download=args.allow_download,
+        prefix_cache_bytes=cache_bytes,
     )
     return serve_with(parser, args, factory)
 
@@ -359,6 +384,10 @@ def run_main(argv: list[str]) -> int:
     args = parser.parse_args(ours)
     if not command:
         parser.error("give the command to run after '--', e.g. tinker-local run -- python train.py")
+    try:
+        prefix_cache_bytes(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be positive")
     if args.shard_base and args.nproc_per_node < 2:
@@ -399,7 +428,8 @@ def _start_local(args: argparse.Namespace) -> tuple[str, Any]:
     from tinker_local.engine.factory import engine_factory
     from tinker_local.server.http.start import LocalServer
 
-    server = LocalServer(engine_factory(device=args.device, dtype=args.dtype)).start()
+    server = LocalServer(engine_factory(device=args.device, dtype=args.dtype,
+                                        prefix_cache_bytes=prefix_cache_bytes(args))).start()
     return server.base_url, server.stop
 
 
@@ -417,6 +447,8 @@ def _start_group(args: argparse.Namespace, wait_s: float = 600.0) -> tuple[str, 
     for flag, value in (("--device", args.device), ("--dtype", args.dtype)):
         if value is not None:
             command += [flag, value]
+    command += (["--no-prefix-cache"] if args.no_prefix_cache
+                else ["--prefix-cache-mib", str(args.prefix_cache_mib)])
     if args.shard_base:
         command.append("--shard-base")
     group = subprocess.Popen(command, stdout=subprocess.DEVNULL)

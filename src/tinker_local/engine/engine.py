@@ -58,6 +58,10 @@ from tinker_local.engine.sampling.builtin_backend import (
     SamplerSlot,
     SamplingFactory,
 )
+from tinker_local.engine.sampling.prefix_cache import (
+    DEFAULT_BUDGET_BYTES as DEFAULT_PREFIX_CACHE_BYTES,
+)
+from tinker_local.engine.sampling.prefix_cache import check_budget
 from tinker_local.engine.sampling.sampler import Sampler
 from tinker_local.engine.training import checkpoints
 from tinker_local.engine.training.dimuon import DimuonOptimizer
@@ -119,6 +123,7 @@ class _SamplerEntry:
     base_model: str
     adapter_key: str | None  # None: the bare base model
     base_key: str = ""  # its base in Engine._bases
+    inflight_of: str | None = None  # the training model whose inflight weights it samples
 
 
 def batch_models_by_default(device: str) -> bool:
@@ -140,6 +145,10 @@ def _sampler_key(sampler_id: str) -> str:
     return f"sampler:{sampler_id}"
 
 
+def _inflight_key(model_id: str) -> str:
+    return f"inflight:{model_id}"
+
+
 class Engine:
     def __init__(
         self,
@@ -152,6 +161,7 @@ class Engine:
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
         base_quantization: str | None = None,
+        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
@@ -160,13 +170,18 @@ class Engine:
         None decides by device (`batch_models_by_default`).
         `sampling`: builds the sampling backend from the engine's sampler resolver.
         `base_quantization`: how bases are loaded unless a model asks otherwise ("none", "int8",
-        "nf4"; None reads TINKER_LOCAL_BASE_QUANTIZATION)."""
+        "nf4"; None reads TINKER_LOCAL_BASE_QUANTIZATION).
+        `prefix_cache_bytes`: each base model's prefix cache budget (sampling/prefix_cache.py);
+        None: no prefix cache."""
         try:
             resolved_device = registry.resolve_device(device)
             resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
             self.base_quantization = config.base_quantization(base_quantization)
+            if prefix_cache_bytes is not None:
+                check_budget(prefix_cache_bytes)
         except ValueError as error:
             raise user_error(str(error)) from None
+        self.prefix_cache_bytes = prefix_cache_bytes
         self._loader = loader or (
             lambda name, quantization="none": registry.load_base(
                 name, device=resolved_device, dtype=resolved_dtype, quantization=quantization)
@@ -187,6 +202,8 @@ class Engine:
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _TrainingModel] = {}
         self._samplers: dict[str, _SamplerEntry] = {}
+        # training model id -> the ids of the inflight samplers on its shared inflight weights
+        self._inflight: dict[str, set[str]] = {}
         self.sampling: EngineSampling = sampling(self._resolve_sampler)
         self._custom_losses: dict[str, CompiledLoss] = {}
         limit_heap_fragmentation()
@@ -212,14 +229,18 @@ class Engine:
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""
         device = torch.device(self.device)
+        counts = [self.prefill_counts(name) for name in list(self._bases)]
+        prefill = {"prompt_tokens_prefilled": sum(c[0] for c in counts),
+                   "prompt_tokens_from_prefix_cache": sum(c[1] for c in counts)}
         if device.type != "cuda":
-            return EngineStatus(str(device), tuple(self._bases))
+            return EngineStatus(str(device), tuple(self._bases), **prefill)
         index = device.index if device.index is not None else torch.cuda.current_device()
         return EngineStatus(
             f"{device} ({torch.cuda.get_device_name(index)})",
             tuple(self._bases),
             torch.cuda.memory_allocated(index),
             torch.cuda.get_device_properties(index).total_memory,
+            **prefill,
         )
 
     # ---- training models ---------------------------------------------------------------------
@@ -400,13 +421,22 @@ class Engine:
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
         """A sampler on the bare base, a saved adapter folder, or a snapshot of a training
         model's current weights (later training does not change it). Returns the base name.
-        The sampling backend is told, and may refuse it (vLLM: a rank above its limit)."""
+        The sampling backend is told, and may refuse it (vLLM: a rank above its limit).
+
+        `inflight` (with `from_model_id`; the SDK's `kind="inflight"`): the training model's
+        current weights are published to its one shared inflight target, which this sampler
+        and every earlier inflight sampler of the model sample from now on (a later inflight
+        save updates them all); each inflight sampler has its own prefix cache namespace."""
         given = [x is not None for x in (base_model, adapter_dir, from_model_id)]
         if sum(given) != 1:
             raise user_error("give exactly one of base_model, adapter_dir, from_model_id")
+        if inflight and from_model_id is None:
+            raise user_error("an inflight sampler samples a training model's weights: give "
+                             "from_model_id")
         if sampler_id in self._samplers:
             raise user_error(f"sampler {sampler_id!r} already exists")
         key = _sampler_key(sampler_id)
@@ -421,6 +451,13 @@ class Engine:
             base.pool.load_folder(folder, key)
             entry = _SamplerEntry(meta.base_model, key, base.key)
             write_adapter = functools.partial(checkpoints.copy_adapter_files, folder)
+        elif inflight:
+            model_id = str(from_model_id)
+            model = self._publish_inflight(model_id)
+            entry = _SamplerEntry(model.base_model, _inflight_key(model_id), model.base_key,
+                                  inflight_of=model_id)
+            self._inflight.setdefault(model_id, set()).add(sampler_id)
+            write_adapter = functools.partial(self.save_sampler_weights, model_id)
         else:
             model_id = str(from_model_id)
             model = self._model(model_id)
@@ -440,7 +477,29 @@ class Engine:
         self.sampling.remove_sampler(sampler_id)
         self._forget_sampler(sampler_id)
 
+    def prefill_counts(self, base_model: str) -> tuple[int, int]:
+        """(prompt tokens prefilled, prompt tokens loaded from the prefix cache) by the built-in
+        sampler of `base_model` so far (0, 0 before its first sample)."""
+        base = self._bases.get(base_model)
+        if base is None or base.sampler is None:
+            return 0, 0
+        return base.sampler.counts.prefilled, base.sampler.counts.reused
+
     # ---- internals ---------------------------------------------------------------------------
+
+    def _publish_inflight(self, model_id: str) -> _TrainingModel:
+        """Copy `model_id`'s current weights into its inflight target (made on first use); the
+        target's cached prefixes are dropped. Returns the training model."""
+        model = self._model(model_id)
+        base = self._bases[model.base_key]
+        key = _inflight_key(model_id)
+        if key not in base.pool:
+            base.pool.snapshot(_train_key(model_id), key)
+            return model
+        base.pool.load_state_dict(key, base.pool.state_dict(_train_key(model_id)))
+        if base.sampler is not None and base.sampler.prefix_cache is not None:
+            base.sampler.prefix_cache.forget_adapter(base.pool.adapter_name(key))
+        return model
 
     def _training_call(self, call: ForwardBackwardCall) -> tuple[_Base, TrainingCall]:
         """What runs one checked call (before any compute): its model, loss and tensors."""
@@ -524,7 +583,7 @@ class Engine:
         if base.sampler is None:
             loaded = base.loaded
             base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids,
-                                   base.vision)
+                                   base.vision, prefix_cache_bytes=self.prefix_cache_bytes)
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
@@ -533,12 +592,23 @@ class Engine:
         base = self._bases[entry.base_key]
         adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)
         # keyed by the base as loaded: an nf4 and a plain base of one model are two loops
-        return SamplerSlot(base.key, Path(base.loaded.folder), self._base_sampler(base), adapter)
+        return SamplerSlot(base.key, Path(base.loaded.folder), self._base_sampler(base), adapter,
+                           kv_namespace=sampler_id if entry.inflight_of else None)
 
     def _forget_sampler(self, sampler_id: str) -> None:
         entry = self._samplers.pop(sampler_id)
-        if entry.adapter_key is not None:
-            self._bases[entry.base_key].pool.remove(entry.adapter_key)
+        if entry.adapter_key is None:
+            return
+        if entry.inflight_of is not None:
+            sharing = self._inflight[entry.inflight_of]
+            sharing.discard(sampler_id)
+            if sharing:
+                return  # other inflight samplers still sample the shared target
+            del self._inflight[entry.inflight_of]
+        base = self._bases[entry.base_key]
+        if base.sampler is not None and base.sampler.prefix_cache is not None:
+            base.sampler.prefix_cache.forget_adapter(base.pool.adapter_name(entry.adapter_key))
+        base.pool.remove(entry.adapter_key)
 
     def _model(self, model_id: str) -> _TrainingModel:
         try:

@@ -19,6 +19,10 @@ from tinker_local.engine.engine import Engine
 from tinker_local.engine.models import hub_download, registry
 from tinker_local.engine.sampling import vllm_backend
 from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, SamplingFactory
+from tinker_local.engine.sampling.prefix_cache import (
+    DEFAULT_BUDGET_BYTES as DEFAULT_PREFIX_CACHE_BYTES,
+)
+from tinker_local.engine.sampling.prefix_cache import check_budget
 
 
 def engine_factory(
@@ -27,9 +31,13 @@ def engine_factory(
     dtype: str | None = None,
     sampler: str | None = None,
     allow_download: bool = False,
+    prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
 ) -> EngineFactory:
     """A factory of the torch `Engine` with the chosen sampling backend. A missing vLLM or bad
-    vLLM settings fail here, at start (not on the worker thread, minutes later)."""
+    vLLM settings fail here, at start (not on the worker thread, minutes later), and so does a
+    prefix cache budget that is not positive (None: no prefix cache)."""
+    if prefix_cache_bytes is not None:
+        check_budget(prefix_cache_bytes)
     sampling: SamplingFactory = ContinuousSampling
     if config.sampler_backend(sampler) == "vllm":
         vllm_backend.check_installed()
@@ -38,7 +46,8 @@ def engine_factory(
     if allow_download:
         loader = functools.partial(hub_download.load_or_pull, device=device, dtype=dtype)
     return functools.partial(
-        _serving_engine, device=device, dtype=dtype, sampling=sampling, loader=loader
+        _serving_engine, device=device, dtype=dtype, sampling=sampling, loader=loader,
+        prefix_cache_bytes=prefix_cache_bytes,
     )
 
 

@@ -420,6 +420,10 @@ class EngineStatus:
     # Accelerator memory in use by this process and the device's total (None on CPU).
     accelerator_memory_bytes: int | None = None
     accelerator_memory_total_bytes: int | None = None
+    # Prompt tokens the built-in samplers ran through the model, and those they loaded from
+    # the prefix cache instead (engine/sampling/prefix_cache.py), over all base models.
+    prompt_tokens_prefilled: int = 0
+    prompt_tokens_from_prefix_cache: int = 0
 
 
 @runtime_checkable
@@ -515,10 +519,14 @@ class Engine(Protocol):
         base_model: str | None = None,
         adapter_dir: Path | None = None,
         from_model_id: str | None = None,
+        inflight: bool = False,
     ) -> str:
         """A sampler on exactly one of: the bare base model, a saved adapter folder, or a
         snapshot of a training model's current weights (later training does not change it).
-        Returns its base model's name."""
+        Returns its base model's name. `inflight` (with `from_model_id`, the SDK's
+        `kind="inflight"`): instead of a snapshot, the training model's one shared inflight
+        weights, set now to its current weights for every inflight sampler of it, old and new;
+        the sampler gets a KV namespace of its own."""
         ...
 
     def unload_sampler(self, sampler_id: str) -> None:

@@ -7,6 +7,7 @@ rows cost nothing afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,10 +67,15 @@ class NewRows:
     controls: RowControls
 
 
+# Told the batch indices of rows that finished in a step, while their KV is still in the cache.
+FinishedRows = Callable[["DecodeBatch", list[int]], None]
+
+
 class DecodeBatch:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, on_finish: FinishedRows | None = None):
         self.runner = runner
         self.steps = 0
+        self.on_finish = on_finish  # the prefix cache keeps finished rows' KV
         self._reset()
 
     def _reset(self) -> None:
@@ -130,15 +136,19 @@ class DecodeBatch:
         hits = hits_token_stop(self.stop_table, tokens).tolist()
         finished: list[Row] = []
         keep: list[int] = []
+        gone: list[int] = []
         for i, (row, tok, lp, hit) in enumerate(
             zip(self.rows, tokens.tolist(), selection.logprobs.tolist(), hits, strict=True)
         ):
             if row.record(tok, lp, hit):
                 finished.append(row)
+                gone.append(i)
             else:
                 keep.append(i)
         self.pending = tokens
         if finished:
+            if self.on_finish is not None:
+                self.on_finish(self, gone)
             self.keep(keep)
         return finished
 

@@ -26,9 +26,9 @@ sampler unloaded) fails just the requests that use it, at the next step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -56,6 +56,9 @@ class SamplerSlot:
     model_folder: Path  # the base model's Hugging Face folder
     sampler: Sampler  # that base model's built-in sampler (limits, EOS ids, tokenizer)
     adapter: str | None  # the peft adapter name in the sampler's model; None: the bare base
+    # The sampling session's own KV namespace (an inflight sampler's id; None: shared by every
+    # sampler on the same weights), for the prefix cache.
+    kv_namespace: Hashable = None
 
 
 # sampler_id -> its slot; raises a "user" EngineError for an unknown id.
@@ -93,6 +96,8 @@ def prepare(request: SamplingRequest, resolve: Resolve) -> Prepared:
         valid = slot.sampler.validate(request, request.sampling_params, slot.adapter)
     except SamplingError as error:
         raise user_error(f"sample request: {error}") from None
+    if slot.kv_namespace is not None:
+        valid = replace(valid, kv_namespace=slot.kv_namespace)
     return Prepared(request, slot, valid)
 
 

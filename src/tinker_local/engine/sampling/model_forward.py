@@ -28,6 +28,7 @@ from tinker_local.engine.models.attention_masks import (
 )
 from tinker_local.engine.models.vision import VisionModel
 from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
+from tinker_local.engine.sampling.fused_lora import supported as fused_lora_supported
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.llama_decode import LlamaDecoder
 from tinker_local.engine.sampling.packed_linear import packed_linears
@@ -48,6 +49,13 @@ def _is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _final_norm(causal: torch.nn.Module) -> torch.nn.Module | None:
+    """The norm whose output the output layer reads (`model.norm` in HF's text models)."""
+    body = getattr(causal, getattr(causal, "base_model_prefix", "model"), None)
+    norm = getattr(body, "norm", None)
+    return norm if isinstance(norm, torch.nn.Module) else None
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -83,6 +91,10 @@ class ModelRunner:
         self.decoder = None if self.sharded else LlamaDecoder.build(model, self.is_peft)
         self.use_bare_decode = True
         self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
+        # Looked up when used: peft replaces a layer by its LoRA wrapper when the first adapter
+        # on it arrives.
+        self._causal = model.get_base_model() if self.is_peft else model
+        self.softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
 
     def new_cache(self, width: int) -> SlotCache:
         """An empty cache of `width` columns for this model's layers."""
@@ -165,6 +177,43 @@ class ModelRunner:
         )
         logits = out.logits.float()
         return logits if all_positions else logits[:, -1]
+
+    # ---- what the prefix cache needs (prefix_cache.py) --------------------------------------
+
+    @property
+    def scores_from_hidden(self) -> bool:
+        """Whether `head_logits` on captured hidden states gives the forward's own logits: the
+        final norm is found, no logit scaling this does not know, and LoRA layers (if any)
+        follow the row plan (peft's `adapter_names` path would need the whole model's call)."""
+        scaled = any(getattr(self.text_config, name, None) not in (None, 1, 1.0)
+                     for name in ("logit_scale", "logits_scaling"))
+        return _final_norm(self._causal) is not None and not scaled and (
+            not self.is_peft or fused_lora_supported(self.model))
+
+    @contextmanager
+    def captured_hidden(self) -> Iterator[list[torch.Tensor]]:
+        """Inside the block, every forward through the HF modules appends the final norm's
+        output ([B, T, H], all positions) to the yielded list."""
+        found: list[torch.Tensor] = []
+        norm = _final_norm(self._causal)
+        if norm is None:
+            yield found
+            return
+        handle = norm.register_forward_hook(lambda _m, _i, out: found.append(out))
+        try:
+            yield found
+        finally:
+            handle.remove()
+
+    def head_logits(self, hidden: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        """Float32 logits of final-norm hidden states [B, T, H], each row through its adapter
+        (with `scores_from_hidden`, inside `eval_mode`)."""
+        if self._plan is not None:
+            self._plan.set(adapters, self.device)
+        logits = self._causal.get_output_embeddings()(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def _model_mask(self, visible: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """`visible` ([B, 1, Q, K] bool, queries in the last Q columns) as the model reads it."""

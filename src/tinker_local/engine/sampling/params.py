@@ -10,7 +10,7 @@ what the scheduler and the vLLM backend run. It raises `SamplingError` naming th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -102,6 +102,9 @@ class ValidRequest:
     targets: PromptTargets | None = None  # target_prompt_logprobs, validated
     alt_k: int = 0  # prompt_alt_tokens_k
     images: tuple[ImageSlot, ...] = ()  # the prompt's images (placeholders in `prompt`)
+    # The sampling session's own KV namespace (an inflight sampling client's; None: shared by
+    # every session on the same weights). The engine sets it (`builtin_backend.prepare`).
+    kv_namespace: Hashable = None
 
     @property
     def wants_prompt_scores(self) -> bool:

@@ -16,6 +16,8 @@ layout, with row 0 filled by the SDK's "nothing here" sentinel.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,7 @@ from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 from tinker_local.engine.contract.image_chunks import ImageSlot, image_positions
 from tinker_local.engine.sampling.kv_cache import SlotCache
 from tinker_local.engine.sampling.model_forward import ModelRunner
+from tinker_local.engine.sampling.prefix_cache import Match, load_prefixes
 
 # Bounds on one prefill forward: padded tokens (activations), and logits kept when prompt
 # logprobs are wanted ([rows, length, vocab] float32).
@@ -41,6 +44,9 @@ class PromptKey:
     adapter: str | None
     # A vision model's prompt images: prompts share a prefill only with the same images.
     images: tuple[ImageSlot, ...] = ()
+    # The sampling session's own KV namespace (inflight sampling clients have one each):
+    # prompts share a prefill, and prefix cache entries, only within it.
+    namespace: Hashable = None
 
 
 @dataclass
@@ -64,16 +70,30 @@ class PrefillGroup:
     # Per prompt: the position of the token after it, minus its length (multimodal RoPE
     # compresses an image's positions; 0 for text).
     deltas: list[int] | None = None
+    # The prefix cache's part: positions per prompt loaded from it, columns computed (the last
+    # `window`), and the final norm's output there ([n, window, H]) when asked to keep it.
+    reused: list[int] | None = None
+    window: int = 0
+    hidden: torch.Tensor | None = None
+
+    def computed_tokens(self) -> int:
+        """Prompt tokens this prefill ran through the model (padding not counted)."""
+        reused = self.reused or [0] * len(self.keys)
+        return sum(len(k.prompt) - r for k, r in zip(self.keys, reused))
 
 
 def plan_groups(
-    keys: list[PromptKey], wants_scores: list[bool], vocab_size: int
+    keys: list[PromptKey], wants_scores: list[bool], vocab_size: int,
+    lengths: list[int] | None = None,
 ) -> list[list[int]]:
     """Indices of `keys`, grouped for prefill. Prompts that want scores are kept apart (their
     forward keeps logits at every position), and so are prompts with images (per adapter).
     Within each kind, prompts are sorted by length and cut into consecutive groups that minimise the padded positions computed, plus
     `GROUP_COST_TOKENS` per extra forward: one group of prompts from 15 to 48 tokens pads a
-    quarter of its positions, which cost as much as real ones."""
+    quarter of its positions, which cost as much as real ones. `lengths`: the positions each
+    prompt computes (fewer than its tokens when the prefix cache holds the start of it);
+    default: every token."""
+    size = lengths if lengths is not None else [len(k.prompt) for k in keys]
     groups: list[list[int]] = []
     # Prompts with images prefill with others of their adapter only: in a mixed-adapter
     # forward, LoRA layers pick rows by batch index, and an image encoder's rows are patches.
@@ -85,9 +105,9 @@ def plan_groups(
             (i for i in range(len(keys)) if wants_scores[i] == scored
              and bool(keys[i].images) == with_images
              and (keys[i].adapter if keys[i].images else None) == adapter),
-            key=lambda i: len(keys[i].prompt),
+            key=lambda i: size[i],
         )
-        lengths = [len(keys[i].prompt) for i in members]
+        lengths = [size[i] for i in members]
 
         def fits(rows: int, length: int, scored: bool = scored) -> bool:
             return rows * length <= MAX_PREFILL_TOKENS and (
@@ -115,13 +135,30 @@ def plan_groups(
 
 
 def run_prefill(
-    runner: ModelRunner, keys: list[PromptKey], topk: list[int], scored: bool
+    runner: ModelRunner,
+    keys: list[PromptKey],
+    topk: list[int],
+    scored: bool,
+    cached: list[Match] | None = None,
+    keep_hidden: bool = False,
 ) -> PrefillGroup:
     """Prefill `keys` together. With `scored`, also compute prompt logprobs (and top-k where
-    `topk[i] > 0`) for every prompt of the group."""
+    `topk[i] > 0`) for every prompt of the group. `cached`: each prompt's prefix found in the
+    prefix cache (with hidden states when `scored`); `keep_hidden`: keep the final norm's
+    output of the computed positions (`PrefillGroup.hidden`) for the cache.
+
+    Layout: prompts are right-aligned in `width` columns as without a cache; only the last
+    `window` columns (enough for every prompt's uncached tokens) go through the model, and the
+    columns before them are loaded from the cache. A prompt whose cached prefix reaches into
+    the window has those positions computed again: the rows stay contiguous, so masks,
+    sliding windows and the decode batch see what they see without the cache."""
     device = runner.device
     lengths = [len(k.prompt) for k in keys]
     n, width = len(keys), max(lengths)
+    found = [m.length for m in cached] if cached else [0] * n
+    window = max(length - m for length, m in zip(lengths, found))
+    start = width - window  # the first computed column
+    reused = [max(0, length - window) for length in lengths]  # positions loaded per prompt
     ids = torch.zeros((n, width), dtype=torch.int64)
     valid = torch.zeros((n, width), dtype=torch.bool)
     for i, k in enumerate(keys):
@@ -133,6 +170,11 @@ def run_prefill(
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & valid[:, None, :]) | diagonal[None]
     cache = runner.new_cache(width)
+    if start > 0:  # never for hybrid models: prefix_cache_support keeps their cache off
+        assert cached is not None and not any(k.images for k in keys)
+        load_prefixes(cache, [(width - lengths[i], cached[i].kv(reused[i]) if reused[i] else None)
+                              for i in range(n)])
+        cache.write_col = start
     vision_inputs, deltas = None, None
     if any(k.images for k in keys):
         assert runner.vision is not None  # validation refuses images for a text model
@@ -141,22 +183,31 @@ def run_prefill(
         vision_inputs = prepared.kwargs()
         positions = vision_inputs.pop("position_ids")
         deltas = prepared.deltas
-    logits = runner.forward(
-        ids, positions, mask[:, None], cache, [k.adapter for k in keys], all_positions=scored,
-        vision_inputs=vision_inputs,
-    )
+    adapters = [k.adapter for k in keys]
+    capture = runner.captured_hidden() if keep_hidden else contextlib.nullcontext([])
+    with capture as hidden:
+        logits = runner.forward(
+            ids[:, start:], positions[..., start:], mask[:, None, start:], cache, adapters,
+            all_positions=scored, vision_inputs=vision_inputs,
+        )
     cache.write_col = width
     scores: list[PromptScores | None] = [None] * n
     if scored:
         for i in range(n):
-            row_logits = logits[i, width - lengths[i] :]
+            row_logits = logits[i, window - (lengths[i] - reused[i]) :]
+            if reused[i]:
+                prefix_hidden = cached[i].hidden(reused[i])  # type: ignore[index]
+                assert prefix_hidden is not None  # scored lookups ask for hidden states
+                row_logits = torch.cat(
+                    [runner.head_logits(prefix_hidden[None], [adapters[i]])[0], row_logits])
             scores[i] = score_prompt(row_logits, keys[i].prompt, topk[i], keys[i].images)
             scores[i].logits = row_logits
         last = logits[:, -1]
     else:
         last = logits
     return PrefillGroup(keys=keys, cache=cache, valid=valid, last_logits=last, scores=scores,
-                        deltas=deltas)
+                        deltas=deltas, reused=reused, window=window,
+                        hidden=hidden[-1] if hidden else None)
 
 
 def score_prompt(

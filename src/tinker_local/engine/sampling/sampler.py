@@ -57,6 +57,8 @@ from tinker_local.engine.sampling.params import (
     ValidRequest,
     validate_request,
 )
+from tinker_local.engine.sampling.prefix_cache import PrefixCache, prefix_cache_support
+from tinker_local.engine.sampling.prefix_reuse import PrefillCounts
 from tinker_local.engine.sampling.scheduler import RequestState, Scheduler
 from tinker_local.engine.sampling.stops import Decoder
 
@@ -77,10 +79,24 @@ class _Stream:
 
 class Sampler:
     def __init__(self, model: torch.nn.Module, tokenizer: Decoder | None,
-                 eos_token_ids: Sequence[int], vision: VisionModel | None = None):
+                 eos_token_ids: Sequence[int], vision: VisionModel | None = None,
+                 prefix_cache_bytes: int | None = None):
+        """`prefix_cache_bytes`: the prefix cache's memory budget (prefix_cache.py); None: no
+        cache. Models that cannot use one (`prefix_cache_support`) get none, logged."""
         self.runner = ModelRunner(model, vision)
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
+        self.counts = PrefillCounts()
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes is not None:
+            runner = self.runner
+            why_not = prefix_cache_support(runner.text_config, runner.vision is not None,
+                                           runner.sharded)
+            if why_not is None:
+                self.prefix_cache = PrefixCache(prefix_cache_bytes)
+            else:
+                logger.info("prefix cache off for %s: %s",
+                            getattr(runner.text_config, "model_type", "this model"), why_not)
 
     def validate(
         self, request: Asked, params: types.SamplingParams, adapter_name: str | None
@@ -119,9 +135,13 @@ class SamplerLoop:
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
-        self.scheduler = Scheduler(sampler.runner, sampler.tokenizer)
+        self.scheduler = self._new_scheduler()
         self._futures: dict[int, tuple[RequestState, Future[types.SampleResponse]]] = {}
         self._streams: dict[int, _Stream] = {}  # by the same key, for streaming requests
+
+    def _new_scheduler(self) -> Scheduler:
+        s = self.sampler
+        return Scheduler(s.runner, s.tokenizer, s.prefix_cache, s.counts)
 
     @property
     def idle(self) -> bool:
@@ -154,7 +174,7 @@ class SamplerLoop:
                 future.set_exception(error)
             self._futures.clear()
             self._streams.clear()
-            self.scheduler = Scheduler(self.sampler.runner, self.sampler.tokenizer)
+            self.scheduler = self._new_scheduler()
             raise
         for state in done:
             _, future = self._futures.pop(id(state))

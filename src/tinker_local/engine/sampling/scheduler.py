@@ -1,7 +1,8 @@
 """Admits requests into the running decode batch and turns finished rows into responses.
 
 Each `step()` first prefills every request that arrived since the last step (one prefill per
-distinct (prompt, adapter), shared by all its samples and by identical requests), samples each
+distinct (prompt, adapter), shared by all its samples and by identical requests; the start of a
+prompt already in the prefix cache is loaded instead of computed, `prefix_reuse.py`), samples each
 new row's first token from the prefill logits, joins the rows to the decode batch, and then runs
 one decode step for the whole batch. So requests submitted while a batch is decoding join it at
 the next step.
@@ -9,6 +10,7 @@ the next step.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ import torch
 from tinker import types
 from tinker.types.topk_logprobs import TopkLogprobs
 
+from tinker_local.engine.sampling import prefix_reuse
 from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row, record_top
 from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import ValidRequest
@@ -28,6 +31,8 @@ from tinker_local.engine.sampling.prefill import (
     plan_groups,
     run_prefill,
 )
+from tinker_local.engine.sampling.prefix_cache import Namespace, PrefixCache
+from tinker_local.engine.sampling.prefix_reuse import PrefillCounts
 from tinker_local.engine.sampling.prompt_extras import alt_tokens, target_logprobs
 from tinker_local.engine.sampling.selection import RowControls, select_tokens
 from tinker_local.engine.sampling.stops import Decoder, StringStopMatcher
@@ -45,6 +50,8 @@ class RequestState:
     alt_tokens: types.PromptAltTokens | None = None  # prompt_alt_tokens_k's answer
     response: types.SampleResponse | None = None
     rows: list[Row] = field(default_factory=list)  # every sample's row, once admitted
+    # The prefix cache namespace (with the adapter's generation) its prefill used.
+    cache_namespace: Namespace | None = None
 
     def finish_row(self, row: Row) -> bool:
         self.samples[row.sample_index] = row
@@ -55,10 +62,14 @@ class RequestState:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, tokenizer: Decoder | None):
+    def __init__(self, runner: ModelRunner, tokenizer: Decoder | None,
+                 prefix_cache: PrefixCache | None = None, counts: PrefillCounts | None = None):
         self.runner = runner
         self.tokenizer = tokenizer
-        self.batch = DecodeBatch(runner)
+        self.prefix_cache = prefix_cache
+        self.counts = counts if counts is not None else PrefillCounts()
+        self.batch = DecodeBatch(runner, None if prefix_cache is None else functools.partial(
+            prefix_reuse.remember_finished, prefix_cache))
         self.queue: list[RequestState] = []
 
     @property
@@ -70,7 +81,7 @@ class Scheduler:
             raise ValueError("string stops need a tokenizer")
         state = RequestState(
             request=request,
-            key=PromptKey(request.prompt, request.adapter, request.images),
+            key=PromptKey(request.prompt, request.adapter, request.images, request.kv_namespace),
             samples=[None] * request.num_samples,
         )
         self.queue.append(state)
@@ -123,11 +134,25 @@ class Scheduler:
             topk[s.key] = max(topk[s.key], r.topk_prompt_logprobs)
         done: list[RequestState] = []
         joining: list[NewRows] = []
-        for group_idx in plan_groups(keys, [wants[k] for k in keys], self.runner.vocab_size):
+        scored = [wants[k] for k in keys]
+        cache = self.prefix_cache
+        cached = prefix_reuse.lookup(cache, self.runner, keys, scored)
+        if cache is not None:
+            for s in states:
+                s.cache_namespace = prefix_reuse.namespace(cache, s.key)
+        # Prompts that want scores compute logits at every position, cached or not.
+        lengths = [len(k.prompt) - (0 if scored[i] else cached[i].length)
+                   for i, k in enumerate(keys)]
+        for group_idx in plan_groups(keys, scored, self.runner.vocab_size, lengths):
             group_keys = [keys[i] for i in group_idx]
+            group_cached = [cached[i] for i in group_idx]
             group = run_prefill(
-                self.runner, group_keys, [topk[k] for k in group_keys], wants[group_keys[0]]
+                self.runner, group_keys, [topk[k] for k in group_keys], wants[group_keys[0]],
+                group_cached, keep_hidden=cache is not None,
             )
+            self.counts.add(group)
+            if cache is not None:
+                prefix_reuse.remember_prefill(cache, group, group_cached)
             members = [s for s in states if s.key in set(group_keys)]
             done += self._start_rows(group, members, joining)
         self.batch.join(*joining)  # once: each join re-allocates the whole cache

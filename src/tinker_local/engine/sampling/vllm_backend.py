@@ -243,8 +243,9 @@ class VllmSampling:
     # ---- the engine's side -----------------------------------------------------------------
 
     def add_sampler(self, sampler_id: str, write_adapter: WriteAdapter | None) -> None:
-        """A sampler with LoRA weights gets its own PEFT folder and a LoRA id never reused."""
-        if write_adapter is None:
+        """A sampler with LoRA weights gets its own PEFT folder and a LoRA id never reused
+        (an inflight sampler none: the built-in sampler serves it, see `_builtin_reason`)."""
+        if write_adapter is None or self._resolve(sampler_id).kv_namespace is not None:
             return
         lora_id = next(self._lora_ids)
         folder = self.adapter_root / f"lora-{lora_id}"
@@ -344,6 +345,9 @@ class VllmSampling:
         """Why this request must use the built-in sampler, or None when vLLM can sample it."""
         if valid.images:
             return "prompts with images are sampled by the built-in sampler (vLLM gets tokens only)"
+        if valid.kv_namespace is not None:
+            return ("inflight sampling clients sample weights that later saves replace in "
+                    "place; vLLM holds each sampler's LoRA as written when it was created")
         if valid.temperature not in VLLM_TEMPERATURES:
             return (
                 "vLLM cannot report the contract's logprobs (log-softmax(logits / T) before "

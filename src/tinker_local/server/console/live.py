@@ -53,6 +53,10 @@ class LiveState:
     sampled_tokens_per_s: float
     prefill_tokens_per_s: float
     sessions_live: int
+    # Since the server started: prompt tokens run through the model, and those the prefix
+    # cache supplied instead (engine/sampling/prefix_cache.py).
+    prompt_tokens_prefilled: int = 0
+    prompt_tokens_from_prefix_cache: int = 0
 
 
 def _base_models(svc: Service, owner: str, loaded: tuple[str, ...]) -> list[BaseModelUse]:
@@ -107,4 +111,7 @@ def snapshot(svc: Service, now: float | None = None) -> LiveState:
         sampled_tokens_per_s=tokens["sampling_sample"] / WINDOW_S,
         prefill_tokens_per_s=tokens["sampling_prefill"] / WINDOW_S,
         sessions_live=sum(1 for s in svc.state.sessions.values() if s.finished is None),
+        prompt_tokens_prefilled=status.prompt_tokens_prefilled if status is not None else 0,
+        prompt_tokens_from_prefix_cache=(
+            status.prompt_tokens_from_prefix_cache if status is not None else 0),
     )

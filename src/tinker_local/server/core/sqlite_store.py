@@ -71,9 +71,10 @@ class StoredRun:
 
 
 # What a sampler's weights were: a bare base model, a saved sampler checkpoint (both can be
-# loaded again after a restart), or an in-memory snapshot of a training model (gone with the
-# process that held it). Rows from before this column existed have kind NULL.
-SAMPLER_KINDS = ("base", "checkpoint", "snapshot")
+# loaded again after a restart), or an in-memory snapshot of a training model, or its shared
+# inflight weights (both gone with the process that held them). Rows from before this column
+# existed have kind NULL.
+SAMPLER_KINDS = ("base", "checkpoint", "snapshot", "inflight")
 
 
 @dataclass(frozen=True)

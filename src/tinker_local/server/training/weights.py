@@ -109,6 +109,10 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
     model = svc.state.model(req.model_id)
     if req.path is None:
         return _snapshot_sampler(svc, model, req)
+    if req.kind != "snapshot":
+        raise UserError(
+            f"kind={req.kind!r} makes a sampling session (save_weights_and_get_sampling_client), "
+            "not a named checkpoint: leave out the path, or the kind")
 
     def prepare() -> Job[WireResult]:
         target = tinker_paths.CheckpointPath(model.model_id, "sampler_weights", tinker_paths.check_name(req.path))
@@ -134,8 +138,14 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
 def _snapshot_sampler(
     svc: Service, model: TrainingModel, req: types.SaveWeightsForSamplerRequest
 ) -> FutureRecord:
-    """save_weights_and_get_sampling_client: a sampler on an in-memory copy of the weights."""
+    """save_weights_and_get_sampling_client: a sampler on an in-memory copy of the weights
+    (`kind="snapshot"`), or on the training model's shared inflight weights, which this save
+    updates for every inflight sampler of the model (`kind="inflight"`, the SDK's
+    `SamplingClientKind` contract; the engine's `create_sampler(inflight=True)`). Inflight
+    samplers share one copy of the weights, so they do not count towards
+    `max_snapshots_per_model`."""
     new_id = ""
+    inflight = req.kind == "inflight"
 
     def prepare() -> Job[str]:
         nonlocal new_id
@@ -147,6 +157,8 @@ def _snapshot_sampler(
 
         def job(engine: Engine) -> str:
             check_created(model)
+            if inflight:
+                return engine.create_sampler(new_id, from_model_id=model.model_id, inflight=True)
             return engine.create_sampler(new_id, from_model_id=model.model_id)
 
         return Job(job)
@@ -159,13 +171,13 @@ def _snapshot_sampler(
             base_model,
             None,
             owner=session.owner,
-            snapshot_of=model.model_id,
+            snapshot_of=None if inflight else model.model_id,
         )
         session.sampler_ids.append(new_id)
         _evict_old_snapshots(svc, model.model_id)
         if svc.store is not None:
             svc.store.add_sampler(
-                new_id, session.session_id, session.owner, base_model, None, "snapshot"
+                new_id, session.session_id, session.owner, base_model, None, req.kind
             )
         return json_result({"type": "save_weights_for_sampler", "sampling_session_id": new_id})
 
