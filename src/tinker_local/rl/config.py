@@ -155,8 +155,20 @@ class RLConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float = 1.0
     # optional corrections
-    kl_penalty_coef: float = 0.0  # > 0: penalise log(pi_sampler / pi_base) per token
+    kl_penalty_coef: float = 0.0  # > 0: penalise log(pi_sampler / pi_reference) per token
+    # The KL's reference: a base model name or a tinker:// sampler path (None: base_model). The
+    # pipeline sets it to the SFT checkpoint its RL stage starts from.
+    kl_reference: str | None = None
+    log_reference_kl: bool = True  # kl/reference and kl/reference_k3 every step (reference_kl.py)
     tis_cap: float | None = None  # truncated importance weights on sampler/learner mismatch
+    # over-long answers (cut off at max_tokens): "keep", "filter" or "penalize" (overlong.py)
+    overlong: Literal["keep", "filter", "penalize"] = "keep"
+    overlong_penalty: float = 1.0  # penalize: the reward lost by a turn that reaches max_tokens
+    overlong_buffer: int = 0  # penalize: tokens before max_tokens where the penalty ramps up
+    # early stopping on the greedy evaluation (every eval_every steps): stop after this many
+    # evaluations in a row that do not beat the best success rate by more than min_delta
+    early_stopping_patience: int | None = None
+    early_stopping_min_delta: float = 0.0
     # async off-policy and streaming minibatches
     max_steps_off_policy: int | None = None
     num_minibatches: int = 1
@@ -204,10 +216,23 @@ class RLConfig:
             "lr_warmup_ratio": 0 <= self.lr_warmup_ratio < 1,
             "grad_clip_norm": self.grad_clip_norm >= 0,
             "kl_penalty_coef": self.kl_penalty_coef >= 0,
+            "kl_reference": self.kl_reference is None
+            or (isinstance(self.kl_reference, str) and bool(self.kl_reference.strip())),
             "tis_cap": self.tis_cap is None or self.tis_cap >= 1,
             "max_steps_off_policy": self.max_steps_off_policy is None
             or self.max_steps_off_policy >= 0,
             "num_minibatches": 1 <= self.num_minibatches <= self.batch_size,
+            "overlong": self.overlong in ("keep", "filter", "penalize"),
+            "overlong_penalty": _is_number(self.overlong_penalty)
+            and 0 <= self.overlong_penalty < math.inf,
+            "overlong_buffer": isinstance(self.overlong_buffer, int)
+            and 0 <= self.overlong_buffer < self.max_tokens,
+            "early_stopping_patience": self.early_stopping_patience is None
+            or (isinstance(self.early_stopping_patience, int)
+                and not isinstance(self.early_stopping_patience, bool)
+                and self.early_stopping_patience >= 1),
+            "early_stopping_min_delta": _is_number(self.early_stopping_min_delta)
+            and 0 <= self.early_stopping_min_delta < math.inf,
             "eval_every": self.eval_every >= 0,
             "save_every": self.save_every >= 0,
             "transcripts_per_step": self.transcripts_per_step >= 0,
@@ -231,6 +256,11 @@ class RLConfig:
                 f"RLConfig.keep_best={self.keep_best} ranks periodic checkpoints by the greedy "
                 f"evaluation at their step, so save_every ({self.save_every}) must be a positive "
                 f"multiple of eval_every ({self.eval_every})"
+            )
+        if self.early_stopping_patience is not None and not self.eval_every:
+            raise ValueError(
+                "RLConfig.early_stopping_patience needs eval_every > 0: it counts the greedy "
+                "evaluations that do not improve on the best"
             )
         if self.group_size == 1 and self.advantage_estimator == "group":
             raise ValueError(

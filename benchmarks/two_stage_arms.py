@@ -1,0 +1,387 @@
+"""Does SFT -> RL beat SFT alone and RL alone at the same step budget? Three arms per task and seed,
+each with the pipeline's defaults, evaluated greedily on the same held-out items:
+
+    sft      SFT for T steps                         (the pipeline's SFT defaults)
+    rl_base  RL from the base model for T steps      (`tinker-local rl`'s defaults)
+    sft_rl   SFT for S steps, then RL for T - S steps from its best checkpoint
+             (the pipeline's SFT and RL-after-SFT defaults; KL reference = the SFT weights)
+
+plus `base` and `sft_S` (the checkpoint sft_rl starts from). Paired comparisons use McNemar's
+exact test on the discordant items (scipy's binomtest; pooled over seeds, the pairs are
+(seed, item)). The lead should switch it to the shared test in `eval/` once that lands.
+
+    .venv/bin/python benchmarks/two_stage_arms.py [--tasks arithmetic,sat] [--seeds 0,1]
+        [--total-steps 40] [--sft-steps 20] [--eval-n 200] [--log-dir runs/two-stage-arms]
+    .venv/bin/python benchmarks/two_stage_arms.py sweep --task arithmetic \
+        --variant lr3e-5:learning_rate=3e-5 --variant kl:kl_penalty_coef=0.05 ...
+
+`sweep` trains RL variants (the RL-after-SFT defaults with some settings changed) from the
+seed-0 `sft_S` checkpoint for T - S steps and compares each with that checkpoint. Everything is
+resumable: finished runs and evaluations are read back from LOG_DIR. Results go to
+LOG_DIR/results.json (and sweep.json); the tables are printed in Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scipy.stats import binomtest
+
+from tinker_local.apps.pipeline import RL_AFTER_SFT_DEFAULTS, PipelineConfig
+from tinker_local.apps.rl import datasets_for
+from tinker_local.config import DEFAULT_BASE_MODEL
+from tinker_local.eval.runner import EvalConfig, evaluate_models, verdict
+from tinker_local.eval.task_items import load_items
+from tinker_local.intervals import jeffreys_interval
+from tinker_local.rl.config import RLConfig
+from tinker_local.rl.train import run as train_rl
+from tinker_local.sl.collect import write_collection
+from tinker_local.sl.train import train as train_sft
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    options: dict[str, Any] = field(default_factory=dict)  # task options (collect, RL, eval)
+    rl_max_tokens: int = 32  # the same for both RL arms
+    eval_max_tokens: int = 64
+
+
+TASKS = {
+    # 32 tokens: what the RL demo samples (the base model explains before it answers).
+    "arithmetic": TaskSetup(rl_max_tokens=32, eval_max_tokens=64),
+    # SAT at a size a 135M model can hold: 3-5 variables, 2-3 literals per clause.
+    "sat": TaskSetup(
+        options={"n_vars": [3, 5], "k": [2, 3]}, rl_max_tokens=48, eval_max_tokens=64
+    ),
+}
+COLLECT_N = 1000  # verified training solutions per task and seed (SFT data)
+SFT_EVAL_EVERY = 5
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Arms:
+    """One task and seed: SFT data, the three arms, their evaluations."""
+
+    def __init__(self, service: Any, root: Path, task: str, seed: int, args: argparse.Namespace):
+        self.service, self.task, self.seed, self.args = service, task, seed, args
+        self.setup = TASKS[task]
+        self.dir = root / task / f"seed{seed}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.timings: dict[str, dict[str, Any]] = self._read("timings.json") or {}
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+    def _read(self, name: str) -> Any:
+        path = self.dir / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _write(self, name: str, data: Any) -> None:
+        (self.dir / name).write_text(json.dumps(data, indent=2) + "\n")
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        before, started = load(), time.time()
+        out = fn()
+        if name not in self.timings:  # the first (real) run's time, not a resume's read-back
+            self.timings[name] = {
+                "wall_s": round(time.time() - started, 1),
+                "load_before": before,
+                "load_after": load(),
+            }
+            self._write("timings.json", self.timings)
+        return out
+
+    # --- data and stages ------------------------------------------------------------------------
+    def collected(self) -> Path:
+        out = self.dir / "collect" / "sft.jsonl"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            items = load_items(
+                self.task, COLLECT_N, split="train", seed=self.seed, **self.setup.options
+            )
+            write_collection({self.task: items}, out)
+        return out
+
+    def pipeline(self, name: str, sft_steps: int, rl: dict[str, Any] | None) -> PipelineConfig:
+        return PipelineConfig.from_dict(
+            {
+                "log_dir": str(self.dir / name),
+                "base_model": self.args.base_model,
+                # The budget only; every other SFT setting is the pipeline's default.
+                "sft": {"max_steps": sft_steps, "epochs": 100, "eval_every": SFT_EVAL_EVERY,
+                        "seed": self.seed},
+                "rl": rl,
+            }
+        )
+
+    def sft(self, name: str, steps: int) -> tuple[str, str]:
+        """(state path, sampler path) of the best-validation checkpoint of an SFT run."""
+        cfg = self.pipeline(name, steps, None).sft_config(self.collected())
+        result = self._timed(name, lambda: train_sft(cfg, self.service))
+        chosen = result.best or result.final
+        assert chosen is not None and chosen.sampler_path is not None
+        return chosen.state_path, chosen.sampler_path
+
+    def rl_section(self, steps: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "task_options": dict(self.setup.options),
+            "max_steps": steps,
+            "max_tokens": self.setup.rl_max_tokens,
+            "eval_every": 0,
+            "save_every": 0,
+            "seed": self.seed,
+            **(overrides or {}),
+        }
+
+    def _datasets(self, cfg: RLConfig) -> Any:
+        make = datasets_for(self.task, cfg, self.setup.options)
+        # No in-run evaluation: every arm is evaluated below on the same items.
+        return lambda tokenizer: (make(tokenizer)[0], None)
+
+    def sft_rl(self, name: str, overrides: dict[str, Any] | None = None) -> str:
+        state, sampler = self.sft("sft_S", self.args.sft_steps)
+        steps = self.args.total_steps - self.args.sft_steps
+        pipe = self.pipeline(name, self.args.sft_steps, self.rl_section(steps, overrides))
+        cfg = pipe.rl_config(state, reference=sampler)
+        result = self._timed(
+            name, lambda: train_rl(cfg, self._datasets(cfg), service_client=self.service)
+        )
+        return result.final_sampler_path
+
+    def rl_base(self) -> str:
+        settings = {k: v for k, v in self.rl_section(self.args.total_steps).items()
+                    if k not in ("task", "task_options")}
+        cfg = RLConfig.from_dict(
+            {**settings, "log_dir": str(self.dir / "rl_base"), "base_model": self.args.base_model}
+        )
+        result = self._timed(
+            "rl_base", lambda: train_rl(cfg, self._datasets(cfg), service_client=self.service)
+        )
+        return result.final_sampler_path
+
+    # --- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, label: str, model: str, cache_dir: Path | None = None) -> list[bool]:
+        """Greedy verdicts on the task's first `eval_n` test items (cached on disk)."""
+        cache = (cache_dir or self.dir) / f"eval-{label}.json"
+        if cache.exists():
+            return json.loads(cache.read_text())["correct"]
+        items = {
+            self.task: load_items(
+                self.task, self.args.eval_n, split="test", seed=0, **self.setup.options
+            )
+        }
+        config = EvalConfig(max_tokens=self.setup.eval_max_tokens)
+        before, started = load(), time.time()
+        _, transcripts = evaluate_models(self.service, [(label, model)], items, config)
+        order = sorted(transcripts, key=lambda t: t.problem_index)
+        correct = [bool(verdict(t)) if verdict(t) is not None else t.score > 0 for t in order]
+        cache.write_text(json.dumps({
+            "label": label, "model": model, "correct": correct,
+            "wall_s": round(time.time() - started, 1), "load_before": before,
+            "load_after": load(),
+            "answers": [t.turns[-1].get("action", "") for t in order[:5]],
+        }, indent=2) + "\n")
+        return correct
+
+
+# --- statistics ---------------------------------------------------------------------------------
+def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
+    """McNemar's exact test of a vs b on paired verdicts: two-sided binomial test on the
+    discordant pairs."""
+    if len(a) != len(b):
+        raise ValueError("paired verdicts must have the same length")
+    a_only = sum(x and not y for x, y in zip(a, b))
+    b_only = sum(y and not x for x, y in zip(a, b))
+    n = a_only + b_only
+    p = binomtest(a_only, n, 0.5).pvalue if n else 1.0
+    return {"a_only": a_only, "b_only": b_only, "p": float(p)}
+
+
+def rate(flags: list[bool]) -> dict[str, float]:
+    interval = jeffreys_interval(sum(flags), len(flags), 0.8)
+    return {"rate": sum(flags) / len(flags), "low": interval.low, "high": interval.high,
+            "n": len(flags)}
+
+
+def cell(r: dict[str, float]) -> str:
+    return f"{r['rate']:.3f} [{r['low']:.2f}, {r['high']:.2f}]"
+
+
+def p_cell(test: dict[str, Any]) -> str:
+    p = test["p"]
+    shown = f"{p:.2g}" if p >= 1e-4 else f"{p:.0e}"
+    return f"{shown} ({test['a_only']}/{test['b_only']})"
+
+
+ARMS = ("base", "sft_S", "sft", "rl_base", "sft_rl")
+COMPARISONS = (("sft_rl", "sft"), ("sft_rl", "rl_base"), ("sft_rl", "sft_S"))
+
+
+def run_arms(service: Any, args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(args.log_dir)
+    results: dict[str, Any] = {"cpu": cpu_model(), "settings": vars(args).copy(),
+                               "rl_after_sft_defaults": RL_AFTER_SFT_DEFAULTS, "tasks": {}}
+    for task in args.tasks:
+        per_seed: dict[int, dict[str, list[bool]]] = {}
+        timings = {}
+        for seed in args.seeds:
+            arms = Arms(service, root, task, seed, args)
+            models = {
+                "sft_S": arms.sft("sft_S", args.sft_steps)[1],
+                "sft": arms.sft("sft", args.total_steps)[1],
+                "sft_rl": arms.sft_rl("sft_rl"),
+                "rl_base": arms.rl_base(),
+            }
+            verdicts = {"base": arms.evaluate("base", args.base_model, root / task)}
+            for label, model in models.items():
+                verdicts[label] = arms.evaluate(label, model)
+            per_seed[seed] = verdicts
+            timings[seed] = arms.timings
+            results["tasks"][task] = summarise(per_seed, timings)
+            (root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+            print(markdown(results), flush=True)
+    return results
+
+
+def summarise(per_seed: dict[int, dict[str, list[bool]]], timings: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {"seeds": {}, "pooled": {}, "timings": timings}
+    for seed, verdicts in per_seed.items():
+        out["seeds"][seed] = {
+            "rates": {arm: rate(v) for arm, v in verdicts.items()},
+            "tests": {f"{a} vs {b}": mcnemar(verdicts[a], verdicts[b]) for a, b in COMPARISONS},
+        }
+    pooled = {arm: [x for v in per_seed.values() for x in v[arm]] for arm in ARMS}
+    out["pooled"] = {
+        "rates": {arm: rate(v) for arm, v in pooled.items()},
+        "tests": {f"{a} vs {b}": mcnemar(pooled[a], pooled[b]) for a, b in COMPARISONS},
+    }
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        ("| task | seed | base | SFT (T) | RL from base (T) | SFT (S) | SFT → RL (S + T−S) "
+        "| p: SFT→RL vs SFT | vs RL from base | vs SFT (S) |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, summary in results["tasks"].items():
+        rows = [(str(s), v) for s, v in summary["seeds"].items()]
+        if len(rows) > 1:
+            rows.append(("pooled", summary["pooled"]))
+        for seed, block in rows:
+            r, t = block["rates"], block["tests"]
+            lines.append(
+                f"| {task} | {seed} | {cell(r['base'])} | {cell(r['sft'])} | "
+                f"{cell(r['rl_base'])} | {cell(r['sft_S'])} | **{cell(r['sft_rl'])}** | "
+                + " | ".join(p_cell(t[f"{a} vs {b}"]) for a, b in COMPARISONS)
+                + " |"
+            )
+    return "\n".join(lines) + "\n(p: McNemar exact, two-sided; (x/y): items only SFT→RL got " \
+        "right / only the other got right)\n"
+
+
+# --- sweep ---------------------------------------------------------------------------------------
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, spec = text.partition(":")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        overrides[key] = json.loads(value)
+    if not name:
+        raise argparse.ArgumentTypeError(f"--variant wants NAME:KEY=VALUE,..., got {text!r}")
+    return name, overrides
+
+
+def run_sweep(service: Any, args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(args.log_dir)
+    arms = Arms(service, root, args.task, 0, args)
+    start = arms.sft("sft_S", args.sft_steps)[1]
+    reference = arms.evaluate("sft_S", start)
+    path = root / args.task / "sweep.json"
+    sweep = json.loads(path.read_text()) if path.exists() else {}
+    for name, overrides in args.variant:
+        model = arms.sft_rl(f"sweep-{name}", overrides)
+        verdicts = arms.evaluate(f"sweep-{name}", model)
+        sweep[name] = {
+            "overrides": overrides,
+            "settings": {**RL_AFTER_SFT_DEFAULTS, **overrides},
+            "rate": rate(verdicts),
+            "vs_sft_S": mcnemar(verdicts, reference),
+            "timing": arms.timings.get(f"sweep-{name}"),
+        }
+        sweep["sft_S"] = {"rate": rate(reference)}
+        path.write_text(json.dumps(sweep, indent=2) + "\n")
+        print(sweep_table(sweep), flush=True)
+    return sweep
+
+
+def sweep_table(sweep: dict[str, Any]) -> str:
+    lines = [("| variant | settings changed | greedy success [80 %] | p vs SFT (S) (better/worse) "
+             "| RL wall |"), "|---|---|---|---|---|"]
+    if "sft_S" in sweep:
+        lines.append(f"| SFT (S), the start | | {cell(sweep['sft_S']['rate'])} | | |")
+    for name, row in sweep.items():
+        if name == "sft_S":
+            continue
+        changed = ", ".join(f"{k}={v}" for k, v in row["overrides"].items()) or "(defaults)"
+        wall = row["timing"]["wall_s"] if row.get("timing") else math.nan
+        lines.append(f"| {name} | {changed} | {cell(row['rate'])} | {p_cell(row['vs_sft_S'])} | "
+                     f"{wall:.0f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", nargs="?", default="arms", choices=["arms", "sweep"])
+    parser.add_argument("--tasks", default="arithmetic,sat", type=lambda s: s.split(","))
+    parser.add_argument("--task", default="arithmetic", help="sweep: the task")
+    parser.add_argument("--seeds", default="0,1", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--total-steps", type=int, default=40, help="T: every arm's step budget")
+    parser.add_argument("--sft-steps", type=int, default=20, help="S: SFT steps of SFT -> RL")
+    parser.add_argument("--eval-n", type=int, default=200)
+    parser.add_argument("--base-model", default=DEFAULT_BASE_MODEL)
+    parser.add_argument("--log-dir", default="runs/two-stage-arms")
+    parser.add_argument("--variant", action="append", type=parse_variant, default=[],
+                        help="sweep: NAME:KEY=VALUE,... (RLConfig settings, JSON values)")
+    args = parser.parse_args(argv)
+    for task in args.tasks + [args.task]:
+        if task not in TASKS:
+            parser.error(f"unknown task {task!r} (known: {', '.join(TASKS)})")
+    if not 0 < args.sft_steps < args.total_steps:
+        parser.error("need 0 < --sft-steps < --total-steps")
+    print(f"CPU: {cpu_model()}; load averages {load()}", flush=True)
+
+    from tinker_local.apps.embedded import ServiceClient
+
+    service = ServiceClient()
+    if args.mode == "sweep":
+        run_sweep(service, args)
+    else:
+        run_arms(service, args)
+    print(f"load averages at the end {load()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
