@@ -97,4 +97,11 @@ def curriculum_dataset(
         return None
     knob, values, steps = parsed
     rest = without_curriculum(options)
-    return CurriculumDataset([build({**rest, knob: v}) for v in values], steps, values)
+    levels = []
+    for value in values:
+        try:
+            levels.append(build({**rest, knob: value}))
+        except (TypeError, ValueError, KeyError) as error:
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            raise ValueError(f"curriculum level {knob}={value!r}: {message}") from error
+    return CurriculumDataset(levels, steps, values)
