@@ -148,6 +148,7 @@ class Arms:
             "task_options": dict(self.setup.options),
             "max_steps": steps,
             "max_tokens": self.setup.rl_max_tokens,
+            "batch_size": self.args.rl_batch_size,
             "eval_every": 0,
             "save_every": 0,
             "seed": self.seed,
@@ -321,14 +322,17 @@ def run_sweep(service: Any, args: argparse.Namespace) -> dict[str, Any]:
     path = root / args.task / "sweep.json"
     sweep = json.loads(path.read_text()) if path.exists() else {}
     for name, overrides in args.variant:
-        model = arms.sft_rl(f"sweep-{name}", overrides)
-        verdicts = arms.evaluate(f"sweep-{name}", model)
+        # The defaults' own run is the seed-0 sft_rl arm: `arms` reuses it.
+        run_name = "sft_rl" if not overrides else f"sweep-{name}"
+        model = arms.sft_rl(run_name, overrides)
+        verdicts = arms.evaluate(run_name, model)
         sweep[name] = {
             "overrides": overrides,
             "settings": {**RL_AFTER_SFT_DEFAULTS, **overrides},
             "rate": rate(verdicts),
             "vs_sft_S": mcnemar(verdicts, reference),
-            "timing": arms.timings.get(f"sweep-{name}"),
+            "timing": arms.timings.get(run_name),
+            "train": rl_summary(arms.dir / run_name / "rl"),
         }
         sweep["sft_S"] = {"rate": rate(reference)}
         path.write_text(json.dumps(sweep, indent=2) + "\n")
@@ -336,18 +340,37 @@ def run_sweep(service: Any, args: argparse.Namespace) -> dict[str, Any]:
     return sweep
 
 
+def rl_summary(log_dir: Path) -> dict[str, float]:
+    """Means over the run's steps of what shows how RL moved the policy."""
+    rows = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward/mean" in r]
+    out = {}
+    for key in ("reward/mean", "constant_group_fraction", "kl/reference", "entropy/sampled"):
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[key + "_first"], out[key + "_last"] = values[0], values[-1]
+            out[key + "_mean"] = sum(values) / len(values)
+    return out
+
+
 def sweep_table(sweep: dict[str, Any]) -> str:
     lines = [("| variant | settings changed | greedy success [80 %] | p vs SFT (S) (better/worse) "
-             "| RL wall |"), "|---|---|---|---|---|"]
+              "| train reward first→last | constant groups | KL to SFT, last step | RL wall |"),
+             "|---|---|---|---|---|---|---|---|"]
     if "sft_S" in sweep:
-        lines.append(f"| SFT (S), the start | | {cell(sweep['sft_S']['rate'])} | | |")
+        lines.append(f"| SFT (S), the start | | {cell(sweep['sft_S']['rate'])} | | | | | |")
     for name, row in sweep.items():
         if name == "sft_S":
             continue
         changed = ", ".join(f"{k}={v}" for k, v in row["overrides"].items()) or "(defaults)"
         wall = row["timing"]["wall_s"] if row.get("timing") else math.nan
-        lines.append(f"| {name} | {changed} | {cell(row['rate'])} | {p_cell(row['vs_sft_S'])} | "
-                     f"{wall:.0f} s |")
+        t = row.get("train") or {}
+        lines.append(
+            f"| {name} | {changed} | {cell(row['rate'])} | {p_cell(row['vs_sft_S'])} | "
+            f"{t.get('reward/mean_first', math.nan):.2f}→{t.get('reward/mean_last', math.nan):.2f} | "
+            f"{t.get('constant_group_fraction_mean', math.nan):.2f} | "
+            f"{t.get('kl/reference_last', math.nan):.3f} | {wall:.0f} s |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -357,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="arithmetic,sat", type=lambda s: s.split(","))
     parser.add_argument("--task", default="arithmetic", help="sweep: the task")
     parser.add_argument("--seeds", default="0,1", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--total-steps", type=int, default=40, help="T: every arm's step budget")
-    parser.add_argument("--sft-steps", type=int, default=20, help="S: SFT steps of SFT -> RL")
+    parser.add_argument("--total-steps", type=int, default=20, help="T: every arm's step budget")
+    parser.add_argument("--sft-steps", type=int, default=10, help="S: SFT steps of SFT -> RL")
+    parser.add_argument("--rl-batch-size", type=int, default=4,
+                        help="problems per RL step, both RL arms (a budget, like the steps)")
     parser.add_argument("--eval-n", type=int, default=200)
     parser.add_argument("--base-model", default=DEFAULT_BASE_MODEL)
     parser.add_argument("--log-dir", default="runs/two-stage-arms")

@@ -22,7 +22,10 @@ SFT trains on `sft.data`, or on what `collect` writes from the tasks' training s
 answers and expert trajectories, or, with `collect.debate`, the winning sides of debates between
 two samples of `debate.policy` (default: the base model) judged by the task's verifier or by a
 model (`judge`: "rule" or a model the server serves; also `rounds`, `max_tokens`, `temperature`).
-RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer. Every
+RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer, that
+checkpoint as the KL's reference (`kl/reference` is logged every step), and its own defaults
+(`RL_AFTER_SFT_DEFAULTS`: learning rate, KL coefficient, advantage normalisation, group size,
+measured in docs/recipes.md) under the preset and the `rl` section. Every
 stage writes under `log_dir` (`collect/`, `sft/`, `rl/`, `eval/`) and resumes from there, so
 running the same command again continues an interrupted pipeline.
 

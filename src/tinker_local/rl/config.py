@@ -35,8 +35,23 @@ PPO with a learned value model (`advantage_estimator="gae"`, a tinker-local exte
   works with either advantage estimator). The hosted service has neither the value model nor
   this key.
 
+KL, entropy, over-long answers, early stopping (`reference_kl.py`, `overlong.py`,
+`early_stopping.py`)
+- `kl_penalty_coef=0.0`: > 0 subtracts coef x (log pi_sampler - log pi_reference) from each
+  action token's advantage. `kl_reference=None` is the base model; the pipeline's RL stage sets
+  the SFT checkpoint it starts from, so RL is held near the SFT policy, not the base model.
+- `log_reference_kl=True`: `kl/reference` (k1), `kl/reference_k3` and `entropy/sampled` every
+  step, whatever the coefficients (one reference `compute_logprobs` per sampled sequence; False
+  saves it when no KL penalty needs it).
+- `overlong="keep"`: cut-off answers are scored as they are; "filter" drops them from their
+  group, "penalize" takes up to `overlong_penalty` (1.0) off their reward, ramping over the last
+  `overlong_buffer` (0) tokens before `max_tokens`.
+- `early_stopping_patience=None`: K stops the run after K greedy evaluations in a row without a
+  better success rate (by more than `early_stopping_min_delta`); needs `eval_every > 0`.
+
 Optimizer
-- `learning_rate=None` picks the hidden-size rule in `learning_rate.py`; AdamW beta1 0.9,
+- `learning_rate=None` picks the hidden-size rule in `learning_rate.py` (the pipeline's RL stage,
+  which starts from an SFT model, has its own measured defaults: `apps/pipeline.py`); AdamW beta1 0.9,
   beta2 0.95 (the Tinker defaults), eps 1e-8, no weight decay; `grad_clip_norm=1.0` caps the
   occasional huge policy-gradient step (the cookbook runs without clipping, which the audit
   flagged).
