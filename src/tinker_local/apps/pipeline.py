@@ -89,7 +89,7 @@ logger = logging.getLogger(__name__)
 # to what RL rewards, and at the base model's rate RL undid the SFT stage (0.45 -> 0.07 on
 # arithmetic). Chosen by the sweep in docs/recipes.md ("RL after SFT").
 RL_AFTER_SFT_DEFAULTS: dict[str, Any] = {
-    "learning_rate": 2e-5,
+    "learning_rate": 1e-4,
     "kl_penalty_coef": 0.0,
     "normalize_advantages_by_std": False,
     "group_size": 8,
