@@ -11,12 +11,14 @@ exact test on the discordant items (scipy's binomtest; pooled over seeds, the pa
 (seed, item)). The lead should switch it to the shared test in `eval/` once that lands.
 
     .venv/bin/python benchmarks/two_stage_arms.py [--tasks arithmetic,sat] [--seeds 0,1]
-        [--total-steps 40] [--sft-steps 20] [--eval-n 200] [--log-dir runs/two-stage-arms]
+        [--total-steps 20] [--sft-steps 10] [--rl-batch-size 4] [--eval-n 200]
+        [--log-dir runs/two-stage-arms] [--arms sft_S,sft,rl_base,sft_rl] [--smoke]
     .venv/bin/python benchmarks/two_stage_arms.py sweep --task arithmetic \
         --variant lr3e-5:learning_rate=3e-5 --variant kl:kl_penalty_coef=0.05 ...
 
 `sweep` trains RL variants (the RL-after-SFT defaults with some settings changed) from the
-seed-0 `sft_S` checkpoint for T - S steps and compares each with that checkpoint. Everything is
+seed-0 `sft_S` checkpoint for T - S steps and compares each with that checkpoint; a variant with
+no settings (`--variant default:`) is the defaults' own run, the seed-0 `sft_rl` arm. Everything is
 resumable: finished runs and evaluations are read back from LOG_DIR. Results go to
 LOG_DIR/results.json (and sweep.json); the tables are printed in Markdown.
 """
@@ -403,7 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default="runs/two-stage-arms")
     parser.add_argument("--variant", action="append", type=parse_variant, default=[],
                         help="sweep: NAME:KEY=VALUE,... (RLConfig settings, JSON values)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (tiny random model, arithmetic, seed 0, 2 steps)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.base_model, args.tasks, args.seeds = "tinker-local/tiny-llama", ["arithmetic"], [0]
+        args.total_steps, args.sft_steps, args.eval_n, args.rl_batch_size = 2, 1, 3, 2
     for task in args.tasks + [args.task]:
         if task not in TASKS:
             parser.error(f"unknown task {task!r} (known: {', '.join(TASKS)})")
