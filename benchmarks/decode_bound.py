@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -136,22 +137,33 @@ def in_cache_products_ms(decoder, rows: int, repeats: int = 20) -> float:
     return 1000 * (per_layer * len(decoder.layers) + head_s)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    from tinker_local import config
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lora", action="store_true",
                         help="sample through one rank-32 LoRA adapter on every linear layer "
                              "(as `sampler.py`'s ours_lora)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: results/{RESULTS.name})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny model, 2 rows, 4 tokens, small floors: checks the script "
+                             "runs; written to a temporary folder unless --out is given")
+    args = parser.parse_args(argv)
+    bandwidth_mb, cache_repeats = 512, 20
+    if args.smoke:
+        args.model, args.rows, args.new_tokens, args.lora = config.TINY_TEST_MODEL, 2, 4, True
+        bandwidth_mb, cache_repeats = 16, 2
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke else RESULTS
 
-    from tinker_local import config
-    from tinker_local.engine.models import load_base
-    from tinker_local.engine.sampler import Sampler
+    from tinker_local.engine.models.registry import load_base
     from tinker_local.engine.sampling import llama_decode
+    from tinker_local.engine.sampling.sampler import Sampler
 
-    base = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
+    base = load_base(args.model, dtype="float32")
     prompts = make_prompts(base.tokenizer, args.rows)
     if args.lora:
         _add_lora(base)
@@ -175,8 +187,8 @@ def main() -> None:
     sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
     with sampler.runner.eval_mode():
         decoder = sampler.runner.decoder
-        compute_floor_ms = in_cache_products_ms(decoder, args.rows)
-    bandwidth = read_bandwidth_gbs()
+        compute_floor_ms = in_cache_products_ms(decoder, args.rows, cache_repeats)
+    bandwidth = read_bandwidth_gbs(bandwidth_mb)
     memory_floor_ms = 1000 * bytes_read / (bandwidth * 1e9)
     decode_s = sum(s["step"] for s in steps)
     rows = [
@@ -192,7 +204,7 @@ def main() -> None:
         ("products, weights in cache", f"{compute_floor_ms:.1f} ms", "compute floor"),
         ("bytes read / bandwidth", f"{memory_floor_ms:.1f} ms",
          (f"memory floor: {bytes_read / 1e6:.0f} MB of weights + KV a step at "
-          f"{bandwidth:.1f} GB/s (sum of a 512 MB array)")),
+          f"{bandwidth:.1f} GB/s (sum of a {bandwidth_mb} MB array)")),
     ]
     print(f"{cpu_model()}, {torch.get_num_threads()} threads, batch {args.rows}"
           f"{', rank-32 LoRA' if args.lora else ''}\n")
@@ -200,7 +212,8 @@ def main() -> None:
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>10}  {note}")
     result = {
-        "cpu_model": cpu_model(), "threads": torch.get_num_threads(), "rows": args.rows,
+        "cpu_model": cpu_model(), "model": args.model, "threads": torch.get_num_threads(),
+        "rows": args.rows,
         "new_tokens": args.new_tokens, "lora": args.lora, "tok_per_s": tokens / wall, "wall_s": wall,
         "decode_steps": len(steps), "decode_s": decode_s, "step_ms": step_ms,
         "products_ms": mm_ms, "attention_ms": attn_ms, "lora_ms": lora_ms,

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
+RESULTS = HERE.parent / "results" / "distributed.json"
 CONFIGS = {  # name -> (ranks, threads per rank, shard the base)
     "plain-1x2": (1, 2, False),
     "dp-2x1": (2, 1, False),
@@ -90,7 +91,7 @@ def _drive(engine: Any, local: Any, args: argparse.Namespace, traffic: Any) -> d
     from tinker import types
 
     from tinker_local.engine.contract import ForwardBackwardCall, LoraSpec, SamplingRequest
-    from tinker_local.engine.sampling_service import sample_all
+    from tinker_local.engine.sampling.builtin_backend import sample_all
 
     engine.create_model("bench", args.model, LoraSpec(rank=32, seed=0))
     data = _data(args, engine.model_info("bench").vocab_size)
@@ -224,7 +225,7 @@ def _per_rank(memory: list[dict[str, int]], key: str) -> str:
     return "/".join(f"{m[key] / 2**20:.0f}" for m in memory)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--datums", type=int, default=16)
@@ -236,10 +237,22 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path,
+                        help=f"the JSON file (default: results/{RESULTS.name})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny model, 2 datums, 1 step, 2 samples, plain-1x2 and "
+                             "shard-2x1: checks the script runs; written to a temporary folder "
+                             "unless --results is given")
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
         return
+    if args.smoke:
+        args.model, args.datums, args.length, args.steps = "tinker-local/tiny-llama", 2, 16, 1
+        args.samples, args.max_tokens, args.configs = 2, 4, "plain-1x2,shard-2x1"
+    if args.results is None:
+        args.results = (Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke
+                        else RESULTS)
 
     load_before = os.getloadavg()
     results = {name: run_config(name, args) for name in args.configs.split(",")}
@@ -257,16 +270,16 @@ def main() -> None:
               f"{_per_rank(memory, 'base_param_bytes'):>15} {_per_rank(memory, 'rss_bytes'):>15} "
               f"{_per_rank(memory, 'peak_rss_bytes'):>15}")
     record = {
-        "args": vars(args) | {"worker": None, "config": None, "out": None},
+        "args": vars(args) | {"worker": None, "config": None, "out": None, "results": None},
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "load_avg_before": load_before,
                     "load_avg_after": load_after},
         "results": results,
         "peak_rss_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
-    path = HERE.parent / "results" / "distributed.json"
-    path.write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -50,7 +51,7 @@ def _median_seconds(fn, repeats: int) -> float:
 
 def measure(rows: int, weights: list[dict[str, torch.Tensor]], repeats: int) -> dict:
     inputs = {features: torch.randn(rows, features) for features in (HIDDEN, MLP)}
-    flops = 2 * rows * sum(out * inp for out, inp in LAYER_SHAPES.values()) * LAYERS
+    flops = 2 * rows * sum(out * inp for out, inp in LAYER_SHAPES.values()) * len(weights)
 
     # The decode step's own product calls (outside a step they use all threads).
     def plain():
@@ -74,21 +75,29 @@ def measure(rows: int, weights: list[dict[str, torch.Tensor]], repeats: int) -> 
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 128, 256, 1024])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: results/{RESULTS.name})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 layers, rows 1 and 4, one repeat: checks the script runs; written "
+                             "to a temporary folder unless --out is given")
+    args = parser.parse_args(argv)
+    layers = 2 if args.smoke else LAYERS
+    if args.smoke:
+        args.rows, args.repeats = [1, 4], 1
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke else RESULTS
     if any(r < 1 for r in args.rows):
         parser.error(f"--rows must be positive, got {args.rows}")
     if not available(torch.nn.Linear(1, 1)):
         raise SystemExit("oneDNN packed linear is not available in this torch build")
     torch.manual_seed(0)
     weights = [{name: torch.randn(shape) for name, shape in LAYER_SHAPES.items()}
-               for _ in range(LAYERS)]
+               for _ in range(layers)]
 
-    print(f"{cpu_model()}, {torch.get_num_threads()} threads; {LAYERS} layers of "
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads; {layers} layers of "
           f"{', '.join(f'{n} {o}x{i}' for n, (o, i) in LAYER_SHAPES.items())}")
     print(f"{'rows':>5}  {'plain GFLOP/s':>13}  {'packed GFLOP/s':>14}  {'plain ms':>9}  {'packed ms':>9}")
     results = []

@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+RESULTS = Path(__file__).parent / "results" / "load.json"
 API_KEY = "tml-local"
 OPS = ("forward_backward", "optim_step", "sample")
 
@@ -246,7 +247,7 @@ def print_table(result: dict) -> None:
         print(f"error: {sample}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
@@ -254,15 +255,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="datums per forward_backward")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per datum")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per sample")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "load.json")
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: results/{RESULTS.name})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 client for 2 s: checks the script runs; written to a temporary "
+                             "folder unless --out is given")
     # internal: one client process
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.client:
         client_main(args)
         return
+    if args.smoke:
+        args.clients, args.duration, args.batch, args.seq_len, args.max_tokens = 1, 2.0, 2, 8, 4
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke else RESULTS
     result = run(args)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,24 +31,24 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import models
 from tinker_local.engine.engine import Engine, ForwardBackwardCall, LoraSpec
+from tinker_local.engine.models import registry
 
 
 def random_weights_loader(folder: str, device: str, dtype: str | None):
     """An Engine loader: the model of `folder`'s config.json with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    def load(name: str) -> models.LoadedBase:
-        resolved = models.resolve_device(device)
+    def load(name: str) -> registry.LoadedBase:
+        resolved = registry.resolve_device(device)
         model_config = AutoConfig.from_pretrained(folder)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(
-            model_config, dtype=models.resolve_dtype(dtype, resolved)
+            model_config, dtype=registry.resolve_dtype(dtype, resolved)
         ).to(resolved)
         model.eval()
         model.requires_grad_(False)
-        return models.LoadedBase(name, Path(folder), model, None, [], model_config.vocab_size)
+        return registry.LoadedBase(name, Path(folder), model, None, [], model_config.vocab_size)
 
     return load
 
@@ -105,7 +106,7 @@ def run_shape(engine: Engine, shape: str, repeats: int) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="3x8x64,3x2x64,3x1x64,3x8x256,8x1x64")
     parser.add_argument("--repeats", type=int, default=5)
@@ -113,7 +114,14 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
     parser.add_argument("--random-weights", metavar="CONFIG_FOLDER")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="the JSON file (default: results/"
+                        "multi_adapter_train[_DEVICE].json)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny model, 2 models x 1 datum x 8 tokens, one round: checks "
+                             "the script runs; written to a temporary folder unless --out")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.shapes, args.repeats = config.TINY_TEST_MODEL, "2x1x8,2x2x8", 1
 
     loader = None
     if args.random_weights:
@@ -126,7 +134,7 @@ def main() -> None:
 
     weights = " (random weights)" if args.random_weights else ""
     print(f"\n{args.model}{weights} on {args.device} ({engine.device}, "
-          f"{models.resolve_dtype(args.dtype, engine.device)}), "
+          f"{registry.resolve_dtype(args.dtype, engine.device)}), "
           "rank-32 LoRA per model, cross_entropy, "
           f"{args.repeats} interleaved rounds (min / median wall s)")
     print(f"{'models x datums x len':>22} {'separate':>17} {'joint':>17} {'speed-up':>15}")
@@ -137,10 +145,11 @@ def main() -> None:
               f"{r['speedup_min']:6.2f} / {r['speedup_median']:5.2f}")
     device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
                    else platform.processor() or platform.machine())
-    out = Path(__file__).with_name("results") / (
-        "multi_adapter_train.json" if args.device == "cpu"
-        else f"multi_adapter_train_{args.device.split(':')[0]}.json")
-    out.parent.mkdir(exist_ok=True)
+    name = ("multi_adapter_train.json" if args.device == "cpu"
+            else f"multi_adapter_train_{args.device.split(':')[0]}.json")
+    out = args.out or (Path(tempfile.mkdtemp(prefix="smoke-")) / name if args.smoke
+                       else Path(__file__).with_name("results") / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "model": args.model, "random_weights": bool(args.random_weights), "device": args.device, "device_name": device_name,
         "dtype": args.dtype, "threads": torch.get_num_threads(), "results": results,

@@ -19,24 +19,45 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 BATCH, GROUP, MAX_TOKENS, LR, RANK = 8, 8, 32, 5e-4, 16
 
 
-def run_tinker_local(steps: int, seed: int, log_dir: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sizes:
+    """The run's sizes: the comparison's by default; `--smoke` shrinks them to the tiny model."""
+
+    model: str | None = None  # None: the built-in model
+    batch: int = BATCH
+    group: int = GROUP
+    max_tokens: int = MAX_TOKENS
+    rank: int = RANK
+
+
+SMOKE = Sizes(model="tinker-local/tiny-llama", batch=2, group=2, max_tokens=4, rank=4)
+
+
+def run_tinker_local(steps: int, seed: int, log_dir: str, sizes: Sizes = Sizes()) -> dict[str, Any]:
     import tinker_local
     from tinker_local.apps.demo import demo_config
+    from tinker_local.config import DEFAULT_BASE_MODEL
     from tinker_local.rl.train import run
     from tinker_local.tasks import arithmetic
 
-    cfg = demo_config(log_dir, steps=steps, seed=seed, learning_rate=LR)
+    cfg = demo_config(log_dir, steps=steps, seed=seed, learning_rate=LR,
+                      base_model=sizes.model or DEFAULT_BASE_MODEL)
     cfg.eval_every, cfg.save_every = 0, 0
     cfg.lr_schedule = "constant"  # as TRL's run below
+    cfg.batch_size, cfg.group_size = sizes.batch, sizes.group
+    cfg.max_tokens, cfg.lora_rank = sizes.max_tokens, sizes.rank
 
     def datasets(tokenizer: Any):
-        data = arithmetic.make_dataset(tokenizer, batch_size=BATCH, group_size=GROUP, seed=seed)
+        data = arithmetic.make_dataset(
+            tokenizer, batch_size=sizes.batch, group_size=sizes.group, seed=seed
+        )
         return data, None  # no evaluation: only training steps are timed
 
     run(cfg, datasets, service_client=tinker_local.ServiceClient())
@@ -48,17 +69,17 @@ def run_tinker_local(steps: int, seed: int, log_dir: str) -> dict[str, Any]:
     }
 
 
-def run_trl(steps: int, seed: int, out_dir: str) -> dict[str, Any]:
+def run_trl(steps: int, seed: int, out_dir: str, sizes: Sizes = Sizes()) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from tinker_local.config import DEFAULT_BASE_MODEL
-    from tinker_local.engine.builtin import ensure_built
+    from tinker_local.engine.models.builtin import ensure_built
     from tinker_local.tasks import arithmetic
 
-    problems = arithmetic.make_problems("train", BATCH * steps, seed=seed)
+    problems = arithmetic.make_problems("train", sizes.batch * steps, seed=seed)
     by_prompt = {p.messages()[0]["content"]: p for p in problems}
     data = Dataset.from_list([{"prompt": p.messages()} for p in problems])
 
@@ -83,9 +104,9 @@ def run_trl(steps: int, seed: int, out_dir: str) -> dict[str, Any]:
     args = GRPOConfig(
         output_dir=out_dir,
         max_steps=steps,
-        per_device_train_batch_size=BATCH * GROUP,
-        num_generations=GROUP,
-        max_completion_length=MAX_TOKENS,
+        per_device_train_batch_size=sizes.batch * sizes.group,
+        num_generations=sizes.group,
+        max_completion_length=sizes.max_tokens,
         temperature=1.0,
         top_k=50,
         learning_rate=LR,
@@ -101,11 +122,12 @@ def run_trl(steps: int, seed: int, out_dir: str) -> dict[str, Any]:
         seed=seed,
     )
     trainer = GRPOTrainer(
-        model=str(ensure_built(DEFAULT_BASE_MODEL)),
+        model=str(ensure_built(sizes.model or DEFAULT_BASE_MODEL)),
         reward_funcs=[reward],
         args=args,
         train_dataset=data,
-        peft_config=LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear"),
+        peft_config=LoraConfig(r=sizes.rank, lora_alpha=2 * sizes.rank,
+                               target_modules="all-linear"),
         callbacks=[Timer()],
     )
     start = time.perf_counter()
@@ -125,19 +147,28 @@ def reward_at(result: dict[str, Any], seconds: float) -> float | None:
     return statistics.fmean(done[-3:]) if done else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--out", default="benchmarks/results/rl_vs_trl.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", help="the JSON file (default: benchmarks/results/rl_vs_trl.json)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 step of 2x2 samples on the tiny model (TRL too when installed): "
+                             "checks the script runs; written to a temporary folder unless --out")
+    args = parser.parse_args(argv)
+    sizes = SMOKE if args.smoke else Sizes()
+    if args.smoke:
+        args.steps = 1
+    if args.out is None:
+        args.out = (str(Path(tempfile.mkdtemp(prefix="smoke-")) / "rl_vs_trl.json") if args.smoke
+                    else "benchmarks/results/rl_vs_trl.json")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        results["tinker-local"] = run_tinker_local(args.steps, args.seed, f"{tmp}/tl")
+        results["tinker-local"] = run_tinker_local(args.steps, args.seed, f"{tmp}/tl", sizes)
         if not args.skip_trl:
             try:
-                results["trl"] = run_trl(args.steps, args.seed, f"{tmp}/trl")
+                results["trl"] = run_trl(args.steps, args.seed, f"{tmp}/trl", sizes)
             except ImportError as exc:
                 print(f"TRL not measured ({exc}); pip install trl to compare")
     equal = min(sum(r["step_seconds"]) for r in results.values())

@@ -43,6 +43,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,8 @@ CASES = {
     "latency": Case("latency", prompts=1, samples=1, new_tokens=64),
     "long64x512": Case("long64x512", prompts=64, samples=1, new_tokens=512, repeats=1),
 }
+# --smoke: the smallest run of every engine on the tiny model (checks the script, not speed).
+SMOKE = Case("smoke", prompts=2, samples=2, new_tokens=4, repeats=1)
 DTYPES = ["float32", "bfloat16"]
 ENGINES = ["ours", "ours_lora", "generate"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
 
@@ -89,13 +92,12 @@ def make_prompts(tokenizer, n: int) -> list[list[int]]:
 # -- one measured run (child process) -----------------------------------------------------------
 
 
-def run_child(case: Case, engine: str, dtype: str) -> dict:
+def run_child(case: Case, engine: str, dtype: str, model: str) -> dict:
     import torch
 
-    from tinker_local import config
-    from tinker_local.engine.models import load_base
+    from tinker_local.engine.models.registry import load_base
 
-    base = load_base(config.DEFAULT_BASE_MODEL, dtype=dtype)
+    base = load_base(model, dtype=dtype)
     prompts = make_prompts(base.tokenizer, case.prompts)
     adapter = _add_lora(base) if engine == "ours_lora" else None
     runner = {"ours": _run_ours, "ours_lora": _run_ours, "generate": _run_generate,
@@ -120,7 +122,7 @@ def run_child(case: Case, engine: str, dtype: str) -> dict:
                                                  stats=stats)
     result["mean_logprob_error"] = stats["mean"]
     if dtype != "float32":
-        fp32 = load_base(config.DEFAULT_BASE_MODEL, dtype="float32")
+        fp32 = load_base(model, dtype="float32")
         if adapter is not None:
             _add_lora(fp32, like=base.model)
         result["max_logprob_error_vs_fp32"] = _logprob_error(
@@ -135,7 +137,7 @@ def _add_lora(base, like=None) -> str:
     peft name. With `like`, copy that model's LoRA weights instead (same adapter, other dtype)."""
     import torch
 
-    from tinker_local.engine.adapters import AdapterPool, LoraSpec
+    from tinker_local.engine.lora.adapters import AdapterPool, LoraSpec
 
     pool = AdapterPool(base.name, base.model)
     pool.create("bench", LoraSpec(rank=32, seed=0))
@@ -159,7 +161,7 @@ def _add_lora(base, like=None) -> str:
 def _run_ours(base, prompts, samples, new_tokens):
     from tinker import types
 
-    from tinker_local.engine.sampler import GenRequest, Sampler
+    from tinker_local.engine.sampling.sampler import GenRequest, Sampler
 
     sampler = Sampler(base.model, base.tokenizer, base.eos_token_ids)
     adapter = getattr(base, "adapter", None)
@@ -269,8 +271,8 @@ def _current_rss_mb() -> float:
 # -- orchestration ------------------------------------------------------------------------------
 
 
-def measure(case: Case, engine: str, dtype: str, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", case.name, engine, dtype]
+def measure(case: Case, engine: str, dtype: str, timeout: float, model: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", case.name, engine, dtype, "--model", model]
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -353,34 +355,45 @@ def print_table(rows: list[dict]) -> None:
             print(f"    {r['engine']} error: {e}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    from tinker_local import config
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: results/{RESULTS.name})")
+    parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every engine once on the tiny model, 2 prompts x 2 samples x 4 "
+                             "tokens: checks the script runs (exit 1 if an engine fails); "
+                             "written to a temporary folder unless --out is given")
     parser.add_argument("--omp-wait-policy", choices=["default", "passive"], default="default",
                         help="OMP_WAIT_POLICY of the measured processes (see above)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the runs already in --out for (case, dtype, engine) not re-run")
     parser.add_argument("--child", nargs=3, metavar=("CASE", "ENGINE", "DTYPE"),
                         help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(CASES[args.child[0]], args.child[1], args.child[2])),
-              flush=True)
+        case = SMOKE if args.child[0] == SMOKE.name else CASES[args.child[0]]
+        print(json.dumps(run_child(case, args.child[1], args.child[2], args.model)), flush=True)
         return
+    cases = {name: CASES[name] for name in args.cases}
+    if args.smoke:
+        cases, args.model = {SMOKE.name: SMOKE}, config.TINY_TEST_MODEL
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke else RESULTS
     if args.omp_wait_policy == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # inherited by each run's process
     runs = []
-    for name in args.cases:
-        case = CASES[name]
+    for name, case in cases.items():
         for repeat in range(case.repeats or args.repeats):
             for dtype in args.dtypes:
                 for engine in args.engines:
-                    result = measure(case, engine, dtype, args.timeout)
+                    result = measure(case, engine, dtype, args.timeout, args.model)
                     runs.append(result)
                     shown = (f"{result['tok_per_s']:.1f} tok/s, "
                              f"{1000 / result['cpu_ms_per_token']:.1f} tok/CPU-s, "
@@ -392,20 +405,24 @@ def main() -> None:
         old = json.loads(args.out.read_text())["runs"]
         runs = [r for r in old
                 if (r["case"], r.get("dtype", "float32"), r["engine"]) not in redone] + runs
-        order = list(CASES)
+        order = [*CASES, SMOKE.name]
         runs.sort(key=lambda r: order.index(r["case"]))
     rows = summarise(runs)
     print()
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    cases = list(dict.fromkeys(r["case"] for r in runs))
+    names = list(dict.fromkeys(r["case"] for r in runs))
     meta = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu_count": os.cpu_count(),
             "cpu_model": cpu_model(),
-            "load_average_at_end": os.getloadavg(), "cases": {n: vars(CASES[n]) for n in cases},
+            "model": args.model, "load_average_at_end": os.getloadavg(),
+            "cases": {n: vars(SMOKE if n == SMOKE.name else CASES[n]) for n in names},
             "note": "shared 2-core CPU under load from other processes: see each run's "
                     "load_average; compare engines within a case, not across sessions"}
     args.out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=2))
     print(f"\nwrote {args.out}")
+    failed = [r for r in runs if "error" in r]
+    if args.smoke and failed:
+        raise SystemExit(f"smoke: {len(failed)} run(s) failed: {failed[0]['error']}")
 
 
 if __name__ == "__main__":

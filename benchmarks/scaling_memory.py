@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+RESULTS = Path(__file__).resolve().parent / "results" / "scaling_memory.json"
 GIB = 2**30
 GPUS = (1, 2, 4, 8)
 LOGITS_CHUNK_BYTES = 2 * (1 << 25) * 4  # logits chunk and its gradient, float32
@@ -99,11 +101,17 @@ def per_gpu(s: Shape, gpus: int, rank: int, tokens: int) -> dict[str, float]:
     return {**{k: v / GIB for k, v in parts.items()}, "total": sum(parts.values()) / GIB}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=4096)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: {RESULTS.name})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check that the script runs (it computes, so the same numbers; "
+                             "written to a temporary folder unless --out is given)")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke else RESULTS
     table = {}
     print(f"COMPUTED, not measured: GiB per GPU, bf16 base, LoRA rank {args.rank} (float32, "
           f"with AdamW), {args.tokens}-token micro-batches; 2+ GPUs shard the base (--shard-base)")
@@ -117,9 +125,10 @@ def main() -> None:
               + " ".join(f"{rows[g]['total']:>9.1f}" for g in GPUS))
     print("each cell = base / GPUs + LoRA weights, grads and Adam moments + the largest gathered "
           "group (output layer + one decoder layer) + activations; see --help")
-    out = Path(__file__).resolve().parent / "results" / "scaling_memory.json"
-    out.write_text(json.dumps({"args": vars(args), "models": table}, indent=2))
-    print(f"wrote {out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"args": {"rank": args.rank, "tokens": args.tokens}, "models": table}
+    args.out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from tinker_local.sl.config import SFTConfig
 from tinker_local.sl.run_state import LogDir
 from tinker_local.sl.train import train
 
+RESULTS = Path(__file__).parent / "results"
+
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "delta"]
 
 
@@ -33,7 +35,7 @@ def write_data(path: Path, n: int, seed: int) -> None:
             f.write("\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=config.TINY_TEST_MODEL)
     parser.add_argument("--steps", type=int, default=20)
@@ -41,8 +43,15 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="folder for the JSON (default: results/)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run (2 steps of 4 examples), to check the script works; "
+                             "written to a temporary folder unless --out is given")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.batch_size, args.micro_batch_size, args.rank = 2, 4, 4, 4
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) if args.smoke else RESULTS
 
     from tinker_local.apps.embedded import ServiceClient
 

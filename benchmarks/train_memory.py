@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import resource
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,9 @@ from tinker import types
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, LoraSpec
-from tinker_local.engine.logprobs import DEFAULT_TOKEN_BUDGET
+from tinker_local.engine.training.logprobs import DEFAULT_TOKEN_BUDGET
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def rss_gb() -> float:
@@ -89,7 +92,7 @@ def make_data(
     return data
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
     parser.add_argument("--datums", type=int, default=32)
@@ -103,8 +106,16 @@ def main() -> None:
     parser.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="keep every layer's activations instead of recomputing them")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="folder for the JSON (default: results/)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny model, 4 datums x 16 tokens in groups of 2: checks the "
+                             "script runs; written to a temporary folder unless --out is given")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.model, args.datums, args.length, args.rank = config.TINY_TEST_MODEL, 4, 16, 4
+        args.group_size, args.shared = 2, 4
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="smoke-")) if args.smoke else RESULTS
 
     start = time.perf_counter()
     engine = Engine(device="cpu", dtype=args.dtype, token_budget=args.token_budget,
@@ -112,7 +123,7 @@ def main() -> None:
     engine.create_model("bench", args.model, LoraSpec(rank=args.rank, seed=0))
     load_seconds = time.perf_counter() - start
     rss_loaded = rss_gb()
-    data = make_data(args.datums, args.length, vocab=49152, seed=0,
+    data = make_data(args.datums, args.length, vocab=engine.model_info("bench").vocab_size, seed=0,
                      group_size=args.group_size, shared=args.shared)
     tokens = args.datums * args.length
 

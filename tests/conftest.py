@@ -49,7 +49,7 @@ def pytest_sessionfinish(session, exitstatus):
 def tiny_model_folder() -> Path:
     """The tiny random Llama's folder (built once per test home)."""
     from tinker_local import config
-    from tinker_local.engine.models import resolve_model
+    from tinker_local.engine.models.registry import resolve_model
 
     return resolve_model(config.TINY_TEST_MODEL)
 
@@ -58,7 +58,7 @@ def tiny_model_folder() -> Path:
 def tiny_base(tiny_model_folder):
     """A fresh `LoadedBase` of the tiny model on CPU in float32; safe to wrap with peft."""
     from tinker_local import config
-    from tinker_local.engine.models import load_base
+    from tinker_local.engine.models.registry import load_base
 
     return load_base(config.TINY_TEST_MODEL, device="cpu", dtype="float32")
 
@@ -67,7 +67,7 @@ def tiny_base(tiny_model_folder):
 def builtin_model_folder() -> Path:
     """The converted SmolLM2 folder (converted once per test home; ~20-45 s the first time)."""
     from tinker_local import config
-    from tinker_local.engine.models import resolve_model
+    from tinker_local.engine.models.registry import resolve_model
 
     return resolve_model(config.DEFAULT_BASE_MODEL)
 

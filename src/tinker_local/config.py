@@ -34,7 +34,7 @@ def checkpoints_dir() -> Path:
     return path
 
 
-# Sampling backend: "builtin" (engine/sampler.py) or "vllm" (engine/vllm_sampler.py, optional).
+# Sampling backend: "builtin" (engine/sampling/sampler.py) or "vllm" (engine/sampling/vllm_backend.py, optional).
 SAMPLER_ENV = "TINKER_LOCAL_SAMPLER"
 SAMPLER_BACKENDS = ("builtin", "vllm")
 
@@ -73,6 +73,8 @@ def joint_training() -> bool | None:
 # (the update is alpha / rank times B A x) and the dropout on the LoRA input while training.
 LORA_ALPHA_METADATA_KEY = "tinker_local.lora_alpha"
 LORA_DROPOUT_METADATA_KEY = "tinker_local.lora_dropout"
+# "true" puts LoRA on a vision-language model's image encoder too (off: the language model only).
+LORA_VISION_METADATA_KEY = "tinker_local.lora_vision"
 
 
 def lora_metadata(alpha: float | None, dropout: float = 0.0) -> dict[str, str] | None:

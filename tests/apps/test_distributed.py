@@ -98,14 +98,14 @@ def _logprobs(output: types.ForwardBackwardOutput) -> list[np.ndarray]:
     return [o["logprobs"].to_numpy() for o in output.loss_fn_outputs]
 
 
-def _script(url: str) -> dict[str, Any]:
+def _script(url: str, base_model: str = TINY) -> dict[str, Any]:
     """Three steps of training, a forward, a checkpoint, seeded samples."""
     with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
-        return _steps(service)
+        return _steps(service, base_model)
 
 
-def _steps(service: tinker.ServiceClient) -> dict[str, Any]:
-    trainer = service.create_lora_training_client(base_model=TINY, rank=8, seed=3).result()
+def _steps(service: tinker.ServiceClient, base_model: str = TINY) -> dict[str, Any]:
+    trainer = service.create_lora_training_client(base_model=base_model, rank=8, seed=3).result()
     tokenizer = trainer.get_tokenizer()
     data = _data(tokenizer)
     losses, logprobs = [], []
@@ -203,7 +203,8 @@ def _forward_from(url: str, path: str) -> list[np.ndarray]:
         return _logprobs(trainer.forward(_data(trainer.get_tokenizer()), "cross_entropy").result())
 
 
-def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+def _assert_same(got: dict[str, Any], want: dict[str, Any], *, weights_atol: float = 1e-5
+                 ) -> None:
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-6, atol=1e-5)
     for step_got, step_want in zip(got["logprobs"], want["logprobs"], strict=True):
         for a, b in zip(step_got, step_want, strict=True):
@@ -212,8 +213,8 @@ def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert got["weights"].keys() == want["weights"].keys()
     for name, tensor in want["weights"].items():
-        np.testing.assert_allclose(got["weights"][name].numpy(), tensor.numpy(), atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(got["weights"][name].numpy(), tensor.numpy(),
+                                   atol=weights_atol, err_msg=name)
     assert got["tokens"] == want["tokens"]
 
 
@@ -221,7 +222,7 @@ def _assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
 def one_process() -> Iterator[str]:
     """The reference: one engine in this process, on the same checkpoint folders."""
     from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.http.start import LocalServer
 
     server = LocalServer(engine_factory(device="cpu", dtype="float32")).start()
     yield server.base_url
@@ -254,6 +255,23 @@ def test_two_ranks_data_parallel_match_one_process(tmp_path, one_process, refere
         np.testing.assert_allclose(got_rl["losses"], want_rl["losses"], rtol=1e-5, atol=1e-5)
         for a, b in zip(got_rl["after"], want_rl["after"], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_two_ranks_match_one_process_on_a_hybrid_model(tmp_path, one_process) -> None:
+    """Qwen3.5's hybrid decoder (linear-attention layers with a recurrent state per row)
+    trained and sampled over two ranks gives one process's losses, logprobs, weights and
+    seeded samples."""
+    from tinker_local.engine.models import builtin
+
+    want = _script(one_process, builtin.TINY_QWEN3_5)
+    with _group(tmp_path) as (_, url):
+        # The outputs agree to 1e-5 before and after training, and the seeded samples exactly.
+        # The weights agree to 1e-3 (three Adam steps of 1e-2 move a weight up to 3e-2): Adam's
+        # normalised step turns rounding in near-zero gradients (the ranks sum in another
+        # order, over other padded shapes) into differences in a few entries, measured up to
+        # 3e-5 in the output layer's LoRA and 1.7e-4 in the linear-attention layers' in_proj_a
+        # LoRA (4 outputs, where the gradients are smallest).
+        _assert_same(_script(url, builtin.TINY_QWEN3_5), want, weights_atol=1e-3)
 
 
 def _two_clients_stay_apart(url: str) -> None:

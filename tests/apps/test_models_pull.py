@@ -148,9 +148,9 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith(REPO)]
     assert "incomplete download" in row
     probe = (
-        "from tinker_local.engine import models\n"
+        "from tinker_local.engine.models import registry\n"
         f"for name in ({REPO!r}, {str(snapshot)!r}):\n"
-        "    try:\n        models.resolve_model(name)\n"
+        "    try:\n        registry.resolve_model(name)\n"
         "    except ValueError as e:\n        print(type(e).__name__, e)\n"
     )
     refused = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -228,3 +228,41 @@ def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_pa
     assert f"{REPO} is not on this machine; pulling it" in text
     assert f"loading {REPO}: 3.22M parameters, 12.3 MiB in float32; " in text
     assert (_repo_cache(tmp_path) / "refs" / "main").read_text() == COMMIT
+
+
+def test_a_vision_language_checkpoint_is_priced_and_listed_with_both_towers(tmp_path):
+    """A Qwen3.5 checkpoint (`Qwen3_5ForConditionalGeneration`: the hybrid language model and a
+    vision tower) on the hub: the cost line before the download, from config.json alone, and
+    `tinker-local models` after it, from the safetensors headers, both count the vision tower
+    (which transformers' causal-LM class would drop)."""
+    from safetensors import safe_open
+
+    from tinker_local.engine.models import builtin
+    from tinker_local.engine.models.cost import human_count, parameter_count
+
+    folder = builtin.ensure_built(builtin.TINY_QWEN3_5)
+    repo = "Qwen/Qwen3.5-4B"
+    total = parameter_count(folder)
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        vision = sum(_numel(weights.get_slice(k).get_shape())
+                     for k in weights.keys()  # noqa: SIM118 - safe_open is not iterable
+                     if k.startswith("model.visual."))
+    assert vision > 0 and human_count(total) != human_count(total - vision)
+    with FakeHub() as fake:
+        fake.repos[repo] = {p.name: p.read_bytes() for p in folder.iterdir()
+                            if p.is_file() and p.name != builtin.MARKER_FILE}
+        env = _env(fake, tmp_path)
+        done = _cli(env, "models", "pull", repo, "--dtype", "float32", "--device", "cpu")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.splitlines()[0].startswith(f"{repo}: {human_count(total)} parameters")
+        listed = _cli(env, "models")
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(repo)]
+    assert row.split()[1:3] == [human_count(total), "float32"]
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count

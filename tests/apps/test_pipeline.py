@@ -106,7 +106,10 @@ def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path):
     )  # fmt: skip
     done = _cli(path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Final model: **rl** (every stage finished)" in done.stdout
+    # the tiny model solves nothing: each stage gives the same answers' verdicts on every
+    # problem (a difference of exactly 0), so each later stage is credibly not worse
+    assert "Final model: **rl** (sft matched base: 0.00 vs 0.00" in done.stdout
+    assert "; rl matched sft: 0.00 vs 0.00" in done.stdout
     rows = [json.loads(x) for x in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "reward/mean" in r]
     assert len(train) == 2
@@ -117,6 +120,10 @@ def test_pipeline_cli_rl_stage_on_a_task_mixture(tmp_path):
     report = json.loads((root / "eval" / "report.json").read_text())
     assert report["tasks"] == ["arithmetic", "sat"]  # the mixture's tasks, by default
     assert report["final"]["label"] == "rl"
+    result = json.loads((root / "result.json").read_text())
+    assert result["final"] == report["final"] and result["final"]["model"].startswith("tinker://")
+    assert report["final"]["reason"].endswith("; final model: rl")
+    assert "final model: rl (tinker://" in done.stdout
     assert [m["label"] for m in report["models"]] == ["base", "sft", "rl"]
     agg = report["models"][0]["aggregate"]
     assert agg["tasks"] == 2 and "unweighted_success_rate" in agg
@@ -145,7 +152,10 @@ def test_pipeline_cli_failed_sft_falls_back_to_the_base_model(tmp_path):
     assert "Final model: **base** (sft failed, so the last good model is evaluated)" in done.stdout
     report = json.loads((root / "eval" / "report.json").read_text())
     assert [m["label"] for m in report["models"]] == ["base"]
-    assert report["final"] == {"label": "base", "model": config.TINY_TEST_MODEL}
+    final = report["final"]
+    assert (final["label"], final["model"]) == ("base", config.TINY_TEST_MODEL)
+    assert final["reason"] == "the only model evaluated; final model: base"
+    assert json.loads((root / "result.json").read_text())["final"] == final
     assert [(s["name"], s["status"]) for s in report["stages"]] == [
         ("collect", "ok"),
         ("sft", "failed"),

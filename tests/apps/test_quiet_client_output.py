@@ -17,8 +17,8 @@ import tinker
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
 from tinker_local.engine.factory import engine_factory
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 CONCURRENT_SAMPLES = 24
 

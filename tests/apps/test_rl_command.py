@@ -60,3 +60,22 @@ def test_mixture_log_dir_and_options_per_task():
     assert len(train.get_batch(0)) == 4
     tags = [tag for i in range(len(test)) for g in test.get_batch(i) for tag in g.logging_tags()]
     assert (tags.count("sat"), tags.count("arithmetic")) == (12, 20)
+
+
+def test_a_run_stopped_by_a_broken_task_prints_why(tmp_path, monkeypatch, capsys):
+    from tinker_local import config
+    from tinker_local.rl.env_errors import TooManyEnvErrors
+
+    def stopped(*args, **kwargs):
+        raise TooManyEnvErrors("RL step 0: 16 of 16 episodes failed in the task's own code")
+
+    # No server: register_log_dir(base_url=None) would start an embedded one in this process,
+    # whose threads outlive the test and write to its closed captured output.
+    monkeypatch.setattr(cli, "tokenizer_for", lambda model, base_url: object())
+    monkeypatch.setattr(cli, "register_log_dir", lambda *args: None)
+    monkeypatch.setattr(cli, "service_client", lambda base_url: object())
+    monkeypatch.setattr(cli, "run", stopped)
+    argv = ["--task", "arithmetic", "--base-model", config.TINY_TEST_MODEL, "--no-progress"]
+    assert cli.main([*argv, "--log-dir", str(tmp_path / "run")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert "tinker-local rl: RL step 0: 16 of 16 episodes failed in the task's own code" in lines

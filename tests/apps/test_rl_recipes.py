@@ -102,7 +102,7 @@ def test_two_stage_preset_small_with_debug_dump(tmp_path):
     )
     # the server made the policy with the preset's alpha and dropout, and saved them
     record = json.loads((log_dir / "checkpoints.jsonl").read_text().splitlines()[-1])
-    from tinker_local.server.paths import parse_uri
+    from tinker_local.server.core.tinker_paths import parse_uri
 
     meta = json.loads(
         (parse_uri(record["state_path"]).directory() / "tinker_local.json").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tinker_local import config
-from tinker_local.engine import builtin
+from tinker_local.engine.models import builtin
 
 CLI = [sys.executable, "-m", "tinker_local.cli"]
 
@@ -27,7 +27,7 @@ TOKENIZER_FIRST = textwrap.dedent(
     model = sys.argv[1]
     tokenizer = transformers.AutoTokenizer.from_pretrained(model)
 
-    from tinker_local.engine import builtin  # only to check that no weights exist yet
+    from tinker_local.engine.models import builtin
     assert not builtin.is_built(model), "the weights were built before the script asked"
 
     import tinker
@@ -86,13 +86,14 @@ EMBEDDED = textwrap.dedent(
     """
     import tinker_local
     import transformers
-    from tinker_local.engine import builtin, models
+    from tinker_local.engine.models import builtin
+    from tinker_local.engine.models import registry
 
     tinker_local.ServiceClient()
-    for name in models.available_models():
+    for name in registry.available_models():
         assert transformers.AutoTokenizer.from_pretrained(name).chat_template, name
     assert not any(builtin.is_built(name) for name in builtin.builtin_names())
-    print("ALL", len(models.available_models()), flush=True)
+    print("ALL", len(registry.available_models()), flush=True)
     """
 )
 

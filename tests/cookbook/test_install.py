@@ -62,7 +62,7 @@ def test_requirements_other_than_tml_renderers_are_met():
 
 
 def test_recipes_never_import_tml_renderers(builtin_model_folder):
-    from tinker_local.engine.models import ensure_tokenizer_resolvable
+    from tinker_local.engine.models.registry import ensure_tokenizer_resolvable
 
     ensure_tokenizer_resolvable(MODEL, builtin_model_folder)
     proc = subprocess.run(

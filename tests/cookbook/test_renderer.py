@@ -25,7 +25,7 @@ def tokenizer_and_renderer(builtin_model_folder):
     from tinker_cookbook import renderers
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-    from tinker_local.engine.models import ensure_tokenizer_resolvable
+    from tinker_local.engine.models.registry import ensure_tokenizer_resolvable
 
     ensure_tokenizer_resolvable(MODEL, builtin_model_folder)
     tokenizer = get_tokenizer(MODEL)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinker_local.engine.adapters import AdapterPool, LoraSpec
+from tinker_local.engine.lora.adapters import AdapterPool, LoraSpec
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinker_local.engine.adapters import LORA_ALPHA, AdapterPool, LoraSpec
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.logprobs import Sequence, sequence_logprobs
-from tinker_local.engine.optimizer import AdapterOptimizer
-from tinker_local.engine.sampler import BASE_ADAPTER
+from tinker_local.engine.lora.adapters import LORA_ALPHA, AdapterPool, LoraSpec
+from tinker_local.engine.sampling.sampler import BASE_ADAPTER
+from tinker_local.engine.training.logprobs import Sequence, sequence_logprobs
+from tinker_local.engine.training.optimizer import AdapterOptimizer
 
 VOCAB = 49152
 

@@ -11,7 +11,7 @@ from tinker import types
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall, SamplingRequest, read_checkpoint_meta
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
-from tinker_local.engine.sampling_service import sample_all
+from tinker_local.engine.sampling.builtin_backend import sample_all
 
 TINY = config.TINY_TEST_MODEL
 SPEC = LoraSpec(rank=4, seed=5, train_mlp=False)

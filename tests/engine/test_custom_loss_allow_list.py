@@ -1,4 +1,4 @@
-"""The allow-list of operations a server-side custom loss may use (engine/custom_loss_ops.py):
+"""The allow-list of operations a server-side custom loss may use (engine/contract/custom_loss_ops.py):
 every name on it stands for a torch, operator or math callable, the names torch.fx records for
 the everyday operations are on it, and anything else is refused before a loss is stored."""
 
@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from tinker import types
 from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
-from tinker_local.engine import custom_loss, custom_loss_ops
-from tinker_local.engine.contract import CustomLoss, check_custom_loss
+from tinker_local.engine.contract import CustomLoss, check_custom_loss, custom_loss_ops
 from tinker_local.engine.errors import EngineError
+from tinker_local.engine.losses import custom
 
 
 def test_every_allowed_name_is_a_torch_operator_or_math_callable():
-    assert set(custom_loss.FUNCTIONS) == custom_loss_ops.ALLOWED_FUNCTIONS
+    assert set(custom.FUNCTIONS) == custom_loss_ops.ALLOWED_FUNCTIONS
     roots = (torch, operator, math)
-    for name, fn in custom_loss.FUNCTIONS.items():
+    for name, fn in custom.FUNCTIONS.items():
         assert callable(fn), name
         if name != "getattr":
             module = getattr(fn, "__module__", None) or ""
@@ -46,7 +46,7 @@ def test_tracing_everyday_operations_yields_only_allowed_names():
     handle = trace_loss(everyday, {"logprobs": 1, "weights": 1}, "s")
     graph = encode_graph(handle)
     check_custom_loss(handle.name, handle.inputs, graph)  # does not raise
-    compiled = custom_loss.CompiledLoss(
+    compiled = custom.CompiledLoss(
         CustomLoss("l", handle.name, handle.inputs, graph)
     )
     lp = -torch.rand(6, dtype=torch.float32) * 3

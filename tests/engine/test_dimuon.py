@@ -1,4 +1,4 @@
-"""Dimuon (engine/dimuon.py) against its update rule written out here: momentum
+"""Dimuon (engine/training/dimuon.py) against its update rule written out here: momentum
 B <- beta1 * B + (1 - beta1) * G, the Newton-Schulz orthogonalisation, and a step of Frobenius
 norm lr * sqrt(rank) per matrix; its state round-trips; other families' params are refused.
 torch runs the iteration in bfloat16, so directions are compared by cosine."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 from tinker import types
 
-from tinker_local.engine.dimuon import DimuonOptimizer
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.optimizer import AdapterOptimizer
+from tinker_local.engine.training.dimuon import DimuonOptimizer
+from tinker_local.engine.training.optimizer import AdapterOptimizer
 
 RANK = 4
 SHAPES = {"lora_A": (RANK, 24), "lora_B": (40, RANK)}

@@ -13,7 +13,6 @@ from test_vllm_sampler import FakeLLM, fake_vllm_modules  # noqa: F401 - a fixtu
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import vllm_sampler
 from tinker_local.engine.contract import ForwardBackwardCall, LoraSpec, SamplingRequest
 from tinker_local.engine.distributed import engine as distributed_engine
 from tinker_local.engine.distributed.executor import EVERY_RANK, disagreement
@@ -28,7 +27,8 @@ from tinker_local.engine.distributed.shares import (
 )
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.sampling_service import sample_all
+from tinker_local.engine.sampling import vllm_backend
+from tinker_local.engine.sampling.builtin_backend import sample_all
 
 TINY = config.TINY_TEST_MODEL
 
@@ -120,7 +120,7 @@ class _Steps:
 
 @pytest.fixture(scope="module")
 def sampler_engine() -> tuple[Engine, Any]:
-    from tinker_local.engine.sampling_service import ContinuousSampling
+    from tinker_local.engine.sampling.builtin_backend import ContinuousSampling
 
     resolvers = []
     engine = Engine(device="cpu", dtype="float32",
@@ -260,12 +260,12 @@ def test_vllm_samples_on_rank_0_with_tensor_parallel_and_falls_back_to_the_group
     monkeypatch, fake_vllm_modules  # noqa: F811
 ) -> None:
     monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
-    monkeypatch.delenv(vllm_sampler.ARGS_ENV, raising=False)
+    monkeypatch.delenv(vllm_backend.ARGS_ENV, raising=False)
     FakeLLM.instances.clear()
     group = _one_rank(monkeypatch)
     engine = leader_engine_factory(group, dtype="float32")()
     backend = engine.sampling
-    assert isinstance(backend, vllm_sampler.VllmSampling)
+    assert isinstance(backend, vllm_backend.VllmSampling)
     assert backend.args["tensor_parallel_size"] == 2  # this machine's ranks
     assert backend.builtin is engine.group_sampling
     engine.create_sampler("s", base_model=TINY)
@@ -277,7 +277,7 @@ def test_vllm_samples_on_rank_0_with_tensor_parallel_and_falls_back_to_the_group
     (llm,) = FakeLLM.instances
     assert llm.kwargs["tensor_parallel_size"] == 2 and len(llm.calls) == 1
     assert engine.group_sampling.steps > 0  # the other one sampled on the group
-    monkeypatch.setenv(vllm_sampler.ARGS_ENV, '{"tensor_parallel_size": 1}')
+    monkeypatch.setenv(vllm_backend.ARGS_ENV, '{"tensor_parallel_size": 1}')
     from tinker_local.engine.distributed.factory import vllm_args
 
     assert vllm_args(group)["tensor_parallel_size"] == 1  # the user's setting wins

@@ -7,10 +7,10 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import forward_backward as forward_backward_module
 from tinker_local.engine.contract import ForwardBackwardCall, SamplingRequest
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
-from tinker_local.engine.sampling_service import sample_all
+from tinker_local.engine.sampling.builtin_backend import sample_all
+from tinker_local.engine.training import forward_backward as forward_backward_module
 
 TINY = config.TINY_TEST_MODEL
 GREEDY = types.SamplingParams(max_tokens=5, temperature=0.0)

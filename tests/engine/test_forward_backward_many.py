@@ -9,8 +9,8 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import forward_backward as forward_backward_module
 from tinker_local.engine.engine import Engine, EngineError, ForwardBackwardCall, LoraSpec
+from tinker_local.engine.training import forward_backward as forward_backward_module
 
 TINY = config.TINY_TEST_MODEL
 # Different ranks and different covered layers, one value model.

@@ -7,7 +7,7 @@ import platform
 import pytest
 import torch
 
-from tinker_local.engine.logprobs import (
+from tinker_local.engine.training.logprobs import (
     Sequence,
     activation_checkpointing,
     chunked_logprobs,

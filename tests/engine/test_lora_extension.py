@@ -10,7 +10,6 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine.adapters import AdapterPool
 from tinker_local.engine.contract import (
     ForwardBackwardCall,
     LoraSpec,
@@ -18,8 +17,9 @@ from tinker_local.engine.contract import (
 )
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.logprobs import Sequence, sequence_logprobs
-from tinker_local.engine.models import load_base
+from tinker_local.engine.lora.adapters import AdapterPool
+from tinker_local.engine.models.registry import load_base
+from tinker_local.engine.training.logprobs import Sequence, sequence_logprobs
 
 TINY = config.TINY_TEST_MODEL
 VOCAB = 49152

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from tinker_local import config
 from tinker_local.apps import models as commands
-from tinker_local.engine import builtin, models
-from tinker_local.engine.models import (
+from tinker_local.engine.models import builtin, registry
+from tinker_local.engine.models.registry import (
     InvalidModelFolderError,
     ModelNotFoundError,
     available_models,
@@ -278,22 +278,22 @@ def test_dtype_choices_and_errors(monkeypatch):
 def test_device_choices_and_errors(monkeypatch):
     monkeypatch.delenv("TINKER_LOCAL_DEVICE", raising=False)
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert models.resolve_device(None).type == expected
+    assert registry.resolve_device(None).type == expected
     monkeypatch.setenv("TINKER_LOCAL_DEVICE", "cpu")
-    assert models.resolve_device(None).type == "cpu"
+    assert registry.resolve_device(None).type == "cpu"
     with pytest.raises(ValueError, match="'warp-drive'"):
-        models.resolve_device("warp-drive")
+        registry.resolve_device("warp-drive")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
-            models.resolve_device("cuda")
+            registry.resolve_device("cuda")
 
 
 @pytest.mark.parametrize("has_bf16_kernels", [True, False])
 def test_load_base_in_bfloat16(tiny_model_folder, monkeypatch, caplog, has_bf16_kernels):
     """bf16 loads and runs on any CPU; where the CPU lacks bf16 matrix kernels (AVX2 only) the
     user is warned that it will be slow."""
-    monkeypatch.setattr(models, "bf16_kernels_available", lambda: has_bf16_kernels)
-    with caplog.at_level("WARNING", logger=models.__name__):
+    monkeypatch.setattr(registry, "bf16_kernels_available", lambda: has_bf16_kernels)
+    with caplog.at_level("WARNING", logger=registry.__name__):
         loaded = load_base(config.TINY_TEST_MODEL, device="cpu", dtype="bfloat16")
     assert loaded.dtype == torch.bfloat16
     with torch.no_grad():
@@ -306,10 +306,10 @@ def test_eos_ids_merge_generation_config_list_and_tokenizer():
     model = SimpleNamespace(
         generation_config=SimpleNamespace(eos_token_id=[7, 2]), config=SimpleNamespace()
     )
-    assert models.eos_token_ids(model, SimpleNamespace(eos_token_id=2)) == [7, 2]
-    assert models.eos_token_ids(model, SimpleNamespace(eos_token_id=9)) == [7, 2, 9]
+    assert registry.eos_token_ids(model, SimpleNamespace(eos_token_id=2)) == [7, 2]
+    assert registry.eos_token_ids(model, SimpleNamespace(eos_token_id=9)) == [7, 2, 9]
     bare = SimpleNamespace(generation_config=None, config=SimpleNamespace(eos_token_id=5))
-    assert models.eos_token_ids(bare, SimpleNamespace(eos_token_id=None)) == [5]
+    assert registry.eos_token_ids(bare, SimpleNamespace(eos_token_id=None)) == [5]
 
 
 # --- tokenizers resolvable offline by name ----------------------------------------------------
@@ -318,13 +318,13 @@ def test_eos_ids_merge_generation_config_list_and_tokenizer():
 def test_tokenizer_resolvable_offline_by_model_name(tiny_model_folder, private_hub_cache):
     from transformers import AutoTokenizer
 
-    assert models.cached_snapshot(config.TINY_TEST_MODEL) is None
+    assert registry.cached_snapshot(config.TINY_TEST_MODEL) is None
     with pytest.raises(OSError):
         AutoTokenizer.from_pretrained(config.TINY_TEST_MODEL)
 
     snapshot = ensure_tokenizer_resolvable(config.TINY_TEST_MODEL, tiny_model_folder)
     assert snapshot is not None and len(snapshot.name) == 40
-    assert models.cached_snapshot(config.TINY_TEST_MODEL) == snapshot
+    assert registry.cached_snapshot(config.TINY_TEST_MODEL) == snapshot
     tokenizer = AutoTokenizer.from_pretrained(config.TINY_TEST_MODEL)
     reference = AutoTokenizer.from_pretrained(tiny_model_folder)
     text = "Hello world! <|im_start|>user\n2+2=?<|im_end|>"
@@ -335,7 +335,7 @@ def test_tokenizer_resolvable_offline_by_model_name(tiny_model_folder, private_h
     assert len(list(snapshot.parent.iterdir())) == 1
     # the tokenizer-only snapshot is not mistaken for a model
     with pytest.raises(InvalidModelFolderError, match="no weights"):
-        models.check_model_folder(snapshot)
+        registry.check_model_folder(snapshot)
 
 
 def test_load_base_publishes_the_tokenizer(tiny_model_folder, private_hub_cache):

@@ -11,7 +11,7 @@ from tinker import types
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
-from tinker_local.engine.optimizer import AdapterOptimizer
+from tinker_local.engine.training.optimizer import AdapterOptimizer
 
 GRADS = [torch.tensor([0.5, -2.0, 0.1]), torch.tensor([-1.0, 0.3, 0.2]), torch.tensor([2.0, 1.0, -4])]
 

@@ -8,14 +8,14 @@ import torch
 from test_logprobs import _sequences  # random sequences, as in the log-prob tests
 from tinker import types
 
-from tinker_local.engine.adapters import LoraSpec
-from tinker_local.engine.logprobs import (
+from tinker_local.engine.lora.adapters import LoraSpec
+from tinker_local.engine.training.logprobs import (
     Sequence,
     activation_checkpointing,
     sequence_logprobs,
     split_causal_lm,
 )
-from tinker_local.engine.packing import PackedRow, build_packed_batch, plan_packed_rows
+from tinker_local.engine.training.packing import PackedRow, build_packed_batch, plan_packed_rows
 
 
 def _groups(vocab: int, prompt_lengths: list[int], answers: list[list[int]], k: int | None = None):

@@ -10,12 +10,12 @@ from peft import LoraConfig, get_peft_model
 from tinker import types
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 from tinker_local.engine.sampling import batch as batch_module
 from tinker_local.engine.sampling import packed_linear
 from tinker_local.engine.sampling import prefill as prefill_module
 from tinker_local.engine.sampling import scheduler as scheduler_module
 from tinker_local.engine.sampling.prefill import PromptKey
+from tinker_local.engine.sampling.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 
 VOCAB = 1000
 MAX_CONTEXT = 128

@@ -23,7 +23,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop
+from tinker_local.engine.sampling.sampler import GenRequest, Sampler, SamplerLoop
 
 # Bare vs HF logits: float32 rounding only (summation order differs), on logits of size ~10.
 CLOSE = {"atol": 5e-5, "rtol": 1e-5}

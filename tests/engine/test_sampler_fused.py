@@ -15,8 +15,8 @@ from test_sampler import (
     teacher_logits,
 )
 
-from tinker_local.engine.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 from tinker_local.engine.sampling import packed_linear
+from tinker_local.engine.sampling.sampler import GenRequest, Sampler, SamplerLoop, SamplingError
 
 
 @pytest.fixture(scope="module")

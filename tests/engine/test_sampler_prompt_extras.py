@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from tinker import types
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tinker_local.engine.sampler import GenRequest, Sampler, SamplingError
+from tinker_local.engine.sampling.sampler import GenRequest, Sampler, SamplingError
 
 VOCAB = 300
 TOL = 1e-4

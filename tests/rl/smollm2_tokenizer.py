@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from tinker_local import config
-from tinker_local.engine.builtin import load_smollm2_tokenizer as load_from_gguf
+from tinker_local.engine.models.builtin import load_smollm2_tokenizer as load_from_gguf
 
 
 def tokenizer_folder() -> Path:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import tinker
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
-from tinker_local.server import paths
-from tinker_local.server.access import read_keys_file
-from tinker_local.server.app import create_app
-from tinker_local.server.errors import ApiError
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings, Service
+from tinker_local.server.core import tinker_paths
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.service import ServerSettings, Service
+from tinker_local.server.http.access import read_keys_file
+from tinker_local.server.http.app import create_app
+from tinker_local.server.http.start import LocalServer
 
 KEY_A = "tml-alice-0123456789"
 KEY_B = "tml-bob-9876543210"
@@ -206,7 +206,7 @@ def test_without_keys_a_host_name_that_could_be_rebound_is_refused() -> None:
 )
 def test_bad_checkpoint_paths_are_refused(uri: str) -> None:
     with pytest.raises(ApiError) as err:
-        paths.parse_uri(uri)
+        tinker_paths.parse_uri(uri)
     assert (
         err.value.status == 400 and "tinker" in err.value.message or "invalid" in err.value.message
     )

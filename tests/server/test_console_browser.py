@@ -41,8 +41,8 @@ WAIT_MS = 120_000  # the rl command's start (imports, tokenizer, model) on a bus
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
-    from tinker_local.server.service import ServerSettings
+    from tinker_local.server.core.service import ServerSettings
+    from tinker_local.server.http.start import LocalServer
 
     home = tmp_path_factory.mktemp("console-server")
     settings = ServerSettings(
@@ -277,8 +277,8 @@ def _non_loopback_address() -> str | None:
 def test_without_a_key_the_console_is_refused(browser, server, tmp_path) -> None:
     from server_fake_engine import FakeEngine, fake_engine_factory
 
-    from tinker_local.server.runner import LocalServer
-    from tinker_local.server.service import ServerSettings
+    from tinker_local.server.core.service import ServerSettings
+    from tinker_local.server.http.start import LocalServer
 
     page = browser.new_context().new_page()
     # With keys: no key, no console (the login form); a wrong key is refused.

@@ -19,12 +19,13 @@ import tinker
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local.apps.connect import register_log_dir
-from tinker_local.server.access import CONSOLE_COOKIE, owner_of_key
-from tinker_local.server.app import create_app
 from tinker_local.server.console import charts
+from tinker_local.server.console.paths import CONSOLE_COOKIE
 from tinker_local.server.console.tokens import action_token, cookie_owner, mint_cookie
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings, Service
+from tinker_local.server.core.owners import owner_of_key
+from tinker_local.server.core.service import ServerSettings, Service
+from tinker_local.server.http.app import create_app
+from tinker_local.server.http.start import LocalServer
 
 KEY_A = "tml-console-http-alice-01"
 KEY_B = "tml-console-http-bob-02"

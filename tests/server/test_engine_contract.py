@@ -21,9 +21,10 @@ from typing import Any
 from server_fake_engine import FakeEngine
 
 import tinker_local
-from tinker_local.engine import contract, vllm_sampler
+from tinker_local.engine import contract
 from tinker_local.engine.engine import Engine
-from tinker_local.engine.sampling_service import ContinuousSampling, EngineSampling
+from tinker_local.engine.sampling import vllm_backend
+from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, EngineSampling
 
 SRC = Path(tinker_local.__file__).parent
 TESTS = Path(__file__).parents[1]
@@ -82,9 +83,9 @@ def _bandit_engine() -> object:
 
 
 def _vllm_sampling(tmp_path: Path) -> object:
-    return vllm_sampler.VllmSampling(
+    return vllm_backend.VllmSampling(
         lambda sampler_id: None,  # type: ignore[arg-type, return-value]
-        args=vllm_sampler.llm_args({}), vllm=pytypes.SimpleNamespace(), adapter_root=tmp_path,
+        args=vllm_backend.llm_args({}), vllm=pytypes.SimpleNamespace(), adapter_root=tmp_path,
         prompt_logprobs_on_vllm=True,
     )
 

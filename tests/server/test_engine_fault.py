@@ -12,8 +12,8 @@ import pytest
 from server_fake_engine import FakeEngine
 
 from tinker_local.engine.contract import EngineError, FaultReporting
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 
 class FaultyEngine(FakeEngine):

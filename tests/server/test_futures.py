@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from tinker_local.server import futures
-from tinker_local.server.futures import FutureStore, json_result
+from tinker_local.server.core import futures
+from tinker_local.server.core.futures import FutureStore, json_result
 
 
 def test_long_poll_returns_when_the_result_arrives_or_times_out() -> None:

@@ -13,7 +13,7 @@ from tinker import types
 
 import tinker_local
 from tinker_local import config
-from tinker_local.server.paths import parse_uri
+from tinker_local.server.core.tinker_paths import parse_uri
 
 TINY = config.TINY_TEST_MODEL
 

@@ -1,6 +1,7 @@
 """The model families beyond Llama, end to end through the official SDK and a real server.
 
-For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; engine/builtin.py): LoRA training
+For each tiny built-in (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss, and the hybrid Qwen3.5 and
+Qwen3.5-MoE; engine/models/builtin.py): LoRA training
 with cross_entropy and ppo, optimizer steps, sampling in one batch of mixed-length prompts whose
 logprobs equal a teacher-forced forward, and both checkpoint kinds loading in plain `peft` with
 the engine's logits. Then a Qwen3-named model in the local hub cache, for which tinker-cookbook
@@ -23,10 +24,10 @@ from tinker import types
 
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine import builtin
 from tinker_local.engine.factory import engine_factory
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.engine.models import builtin
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 FAMILIES = list(builtin.TINY_FAMILY_MODELS)
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the dark "
@@ -132,17 +133,22 @@ def test_family_trains_samples_and_saves_peft_checkpoints(
     MEASURED[name] = float(max(errors))
     assert max(errors) < TOL, errors
 
-    # Checkpoints: both kinds are PEFT folders that plain peft loads on the same base.
+    # Checkpoints: both kinds are PEFT folders that plain peft loads on the same base, built
+    # with the class its config names (a vision-language checkpoint keeps its vision tower, so
+    # the adapter's module names are the full model's).
+    import transformers
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     engine_logprobs = _logprobs(after)[0]
     ids = torch.tensor([tokens[:-1]])
     targets = torch.tensor(tokens[1:])
+    architecture = json.loads((builtin.folder_for(name) / "config.json").read_text())[
+        "architectures"][0]
     for saved in (trainer.save_weights_for_sampler("sampler").result(),
                   trainer.save_state("state").result()):
         folder = _checkpoint_folder(checkpoints_root, saved.path)
-        base = AutoModelForCausalLM.from_pretrained(builtin.folder_for(name), dtype=torch.float32)
+        base = getattr(transformers, architecture).from_pretrained(
+            builtin.folder_for(name), dtype=torch.float32)
         model = PeftModel.from_pretrained(base, str(folder)).eval()
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float()
@@ -190,6 +196,53 @@ def test_cookbook_picks_its_qwen3_renderer_for_a_qwen3_named_local_model(
     fb = trainer.forward_backward([datum], "cross_entropy").result()
     assert math.isfinite(fb.metrics["loss:sum"]) and fb.metrics["loss:sum"] > 0
     sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=8, seed=0, stop=renderer.get_stop_sequences())
+    sequence = sampler.sample(prompt, 1, params).result().sequences[0]
+    message, _ = renderer.parse_response(sequence.tokens)
+    assert message["role"] == "assistant"
+
+
+def test_a_qwen3_6_named_local_model_is_served_by_the_qwen3_5_code(
+    service: tinker.ServiceClient, hub_cache: Path
+) -> None:
+    """Qwen3.6 checkpoints are `qwen3_5_moe` / `qwen3_5` ones with the same tokenizer: the tiny
+    Qwen3.5-MoE in the local hub cache as `Qwen/Qwen3.6-35B-A3B` is served as it is, and the
+    cookbook picks its `qwen3_5` renderer for the name; a rendered example trains and the
+    renderer's prompt samples and parses."""
+    model_info = pytest.importorskip("tinker_cookbook.model_info")
+    from tinker_cookbook import renderers
+
+    name = "Qwen/Qwen3.6-35B-A3B"
+    snapshot = hub_cache / "models--Qwen--Qwen3.6-35B-A3B" / "snapshots" / ("0" * 40)
+    shutil.copytree(builtin.ensure_built(builtin.TINY_QWEN3_5_MOE), snapshot,
+                    ignore=shutil.ignore_patterns(builtin.MARKER_FILE))
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    assert json.loads((snapshot / "config.json").read_text())["model_type"] == "qwen3_5_moe"
+
+    renderer_name = model_info.get_recommended_renderer_name(name)
+    assert renderer_name == "qwen3_5"
+    trainer = service.create_lora_training_client(base_model=name, rank=4, seed=0).result()
+    tokenizer = trainer.get_tokenizer()
+    assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<think>"]) == [
+        248045, 248046, 248068]
+    renderer = renderers.get_renderer(renderer_name, tokenizer)
+    conversation = [{"role": "user", "content": "What is 4 + 5?"}]
+    example, weights = renderer.build_supervised_example(
+        conversation + [{"role": "assistant", "content": "9"}])
+    tokens = example.to_ints()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:],
+                                        "weights": weights[1:].tolist()})
+    losses = []
+    for _ in range(3):
+        losses.append(trainer.forward_backward([datum], "cross_entropy").result()
+                      .metrics["loss:sum"])
+        trainer.optim_step(ADAM).result()
+    assert losses[-1] < losses[0]
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = renderer.build_generation_prompt(conversation)
+    assert prompt.to_ints()[-2:] == tokenizer.encode("<think>\n", add_special_tokens=False)[-2:]
     params = types.SamplingParams(max_tokens=8, seed=0, stop=renderer.get_stop_sequences())
     sequence = sampler.sample(prompt, 1, params).result().sequences[0]
     message, _ = renderer.parse_response(sequence.tokens)

@@ -22,10 +22,10 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
-from tinker_local.server import checkpoint_flags
-from tinker_local.server.access import owner_of_key
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core import checkpoint_flags
+from tinker_local.server.core.owners import owner_of_key
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 KEY_A = "tml-alice-0123456789"
 KEY_B = "tml-bob-9876543210"

@@ -17,8 +17,8 @@ from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
 from tinker_local import config
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 
 @pytest.fixture(scope="module")

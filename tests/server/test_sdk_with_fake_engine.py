@@ -375,8 +375,8 @@ def test_small_requests_answer_fast(fake_server: FakeServer) -> None:
 def test_silent_sessions_expire() -> None:
     from server_fake_engine import FakeEngine, fake_engine_factory
 
-    from tinker_local.server import sessions
-    from tinker_local.server.service import Service
+    from tinker_local.server.core import sessions
+    from tinker_local.server.core.service import Service
 
     service = Service(fake_engine_factory(FakeEngine()))  # state only: nothing to unload
     quiet = service.state.new_session(None)

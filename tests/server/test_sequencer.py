@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tinker_local.server.sequencer import Late, SeqSequencer
+from tinker_local.server.core.sequencer import Late, SeqSequencer
 
 
 def _offer(seq: SeqSequencer, log: list[int], seq_id: int, fwdbwd: bool = True) -> None:

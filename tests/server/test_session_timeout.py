@@ -18,8 +18,8 @@ from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 
 from tinker_local import config
 from tinker_local.apps.serve import serve_parser, serve_settings
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 TIMEOUT_S = 1.0
 CLI = [sys.executable, "-m", "tinker_local.cli"]

@@ -10,8 +10,8 @@ import tinker
 from server_fake_engine import FakeEngine, FakeServer, fake_engine_factory
 from tinker import types
 
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 
 def test_old_snapshots_are_unloaded_with_a_clear_error(tmp_path):

@@ -20,8 +20,8 @@ from tinker import types
 
 from tinker_local import config
 from tinker_local.engine.factory import engine_factory
-from tinker_local.server.runner import LocalServer
-from tinker_local.server.service import ServerSettings
+from tinker_local.server.core.service import ServerSettings
+from tinker_local.server.http.start import LocalServer
 
 TINY = config.TINY_TEST_MODEL
 PROMPT = [5, 17, 42, 99, 7, 3]

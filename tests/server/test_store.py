@@ -7,8 +7,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tinker_local.server.state import ServerState, restore
-from tinker_local.server.store import SCHEMA, Store
+from tinker_local.server.core.live_state import ServerState, restore
+from tinker_local.server.core.sqlite_store import SCHEMA, Store
 
 
 def test_store_survives_reopen_and_prunes(tmp_path: Path) -> None:

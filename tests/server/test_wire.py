@@ -16,8 +16,8 @@ from tinker.proto.response_conv import (
     deserialize_sample_response,
 )
 
-from tinker_local.server import wire
-from tinker_local.server.errors import ApiError, UserError
+from tinker_local.server.core import protobuf
+from tinker_local.server.core.errors import ApiError, UserError
 
 
 def _request(data: list[types.Datum], **config: float | str) -> pb.ForwardBackwardRequest:
@@ -50,11 +50,11 @@ def test_forward_backward_request_round_trip() -> None:
         loss_fn_inputs={"target_tokens": ids},  # sent as sparse CSR
     )
     msg = _request([dense, sparse], clip_low_threshold=0.7, mode="x")
-    decoded = wire.parse_forward_backward(msg.SerializeToString())
+    decoded = protobuf.parse_forward_backward(msg.SerializeToString())
     assert (decoded.model_id, decoded.seq_id, decoded.loss_fn) == ("s:train:0", 3, "ppo")
-    assert wire.loss_fn_config_from_proto(decoded) == {"clip_low_threshold": 0.7, "mode": "x"}
+    assert protobuf.loss_fn_config_from_proto(decoded) == {"clip_low_threshold": 0.7, "mode": "x"}
 
-    first, second = wire.datums_from_proto(decoded)
+    first, second = protobuf.datums_from_proto(decoded)
     assert first.model_input.to_ints() == [5, 6, 7]
     assert len(first.model_input.chunks) == 2
     assert first.loss_fn_inputs["target_tokens"].dtype == "int64"
@@ -74,35 +74,50 @@ def test_bad_datum_names_index_and_field() -> None:
     msg.data[1].loss_fn_inputs["weights"].dense = b"\x00" * 8
     msg.data[1].loss_fn_inputs["weights"].shape.extend([3])
     with pytest.raises(UserError, match=r"datum 1: loss_fn_inputs\['weights'\]: shape \[3\]"):
-        wire.datums_from_proto(msg)
+        protobuf.datums_from_proto(msg)
 
 
-def test_image_chunks_are_refused_by_name() -> None:
+def test_image_chunks_decode_and_audio_chunks_are_refused_by_name() -> None:
+    """Image chunks decode as `ImageChunk`s (whether the model takes images, and the bytes, are
+    checked against the model later: server/core/image_inputs.py); a format other than png or
+    jpeg, and audio chunks, are refused here, by name."""
     msg = _request([types.Datum(model_input=types.ModelInput.from_ints([1]), loss_fn_inputs={})])
-    msg.data[0].model_input.add().image.data = b"png"
-    with pytest.raises(wire.NonTextChunk, match="datum 0: model_input chunk 1 is an image") as err:
-        wire.datums_from_proto(msg)
+    image = msg.data[0].model_input.add().image
+    image.data, image.format, image.expected_tokens = b"png", "png", 3
+    chunk = protobuf.datums_from_proto(msg)[0].model_input.chunks[1]
+    assert isinstance(chunk, types.ImageChunk)
+    assert (chunk.data, chunk.format, chunk.expected_tokens) == (b"png", "png", 3)
+    image.format = "gif"
+    with pytest.raises(UserError, match="datum 0: model_input chunk 1: image format 'gif'"):
+        protobuf.datums_from_proto(msg)
+    image.format = "png"
+    image.override_dimensions.width = 4
+    with pytest.raises(UserError, match="override_dimensions is not supported"):
+        protobuf.datums_from_proto(msg)
+    msg.data[0].model_input[1].dmel.dmel = b"audio"
+    with pytest.raises(protobuf.NonTextChunk, match="datum 0: model_input chunk 1 is an audio") as err:
+        protobuf.datums_from_proto(msg)
     named = str(err.value.for_model("some/model"))
-    assert "type 'image'" in named and "'some/model' is a text-only model" in named
+    assert "type 'dmel'" in named and "'some/model' is a text-only model" in named
     assert isinstance(err.value, UserError)
 
 
 def test_zstd_and_malformed_bodies() -> None:
     body = _request([]).SerializeToString()
-    assert wire.decompress(zstandard.ZstdCompressor().compress(body), "zstd") == body
-    assert wire.decompress(body, None) == body
+    assert protobuf.decompress(zstandard.ZstdCompressor().compress(body), "zstd") == body
+    assert protobuf.decompress(body, None) == body
     with pytest.raises(ApiError) as err:
-        wire.decompress(b"not zstd", "zstd")
+        protobuf.decompress(b"not zstd", "zstd")
     assert err.value.status == 400 and "zstd" in err.value.message
     with pytest.raises(ApiError) as err:
-        wire.decompress(body, "br")
+        protobuf.decompress(body, "br")
     assert err.value.status == 415
     with pytest.raises(ApiError, match="not a valid ForwardBackwardRequest"):
-        wire.parse_forward_backward(b"\xff\xff\xff\xff")
+        protobuf.parse_forward_backward(b"\xff\xff\xff\xff")
     with pytest.raises(ApiError, match="seq_id >= 1"):
         no_seq = _request([])
         no_seq.seq_id = 0
-        wire.parse_forward_backward(no_seq.SerializeToString())
+        protobuf.parse_forward_backward(no_seq.SerializeToString())
 
 
 def test_forward_backward_output_round_trip_with_ragged_fields() -> None:
@@ -121,7 +136,7 @@ def test_forward_backward_output_round_trip_with_ragged_fields() -> None:
     out = types.ForwardBackwardOutput(
         loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": 1.5}
     )
-    decoded = deserialize_forward_backward_output(wire.encode_forward_backward_output(out))
+    decoded = deserialize_forward_backward_output(protobuf.encode_forward_backward_output(out))
     assert decoded.metrics == {"loss:sum": 1.5}
     assert len(decoded.loss_fn_outputs) == 3
     for want, got in zip(outputs, decoded.loss_fn_outputs, strict=True):
@@ -136,7 +151,7 @@ def test_metric_keys_must_name_a_reduction() -> None:
         loss_fn_output_type="x", loss_fn_outputs=[], metrics={"loss": 1.0}
     )
     with pytest.raises(RuntimeError, match="name:reduction"):
-        wire.encode_forward_backward_output(out)
+        protobuf.encode_forward_backward_output(out)
 
 
 def _sample_response() -> types.SampleResponse:
@@ -157,7 +172,7 @@ def _sample_response() -> types.SampleResponse:
 
 
 def test_sample_response_round_trip() -> None:
-    decoded = deserialize_sample_response(wire.encode_sample_response(_sample_response()))
+    decoded = deserialize_sample_response(protobuf.encode_sample_response(_sample_response()))
     first, second = decoded.sequences
     assert (first.tokens, first.stop_reason) == ([4, 5, 0], "stop")
     assert np.allclose(first.logprobs, [-0.1, -0.2, -0.3])
@@ -167,7 +182,7 @@ def test_sample_response_round_trip() -> None:
 
 
 def test_prompt_logprobs_last_n_blanks_the_prefix() -> None:
-    encoded = wire.encode_sample_response(_sample_response(), prompt_logprobs_last_n=2)
+    encoded = protobuf.encode_sample_response(_sample_response(), prompt_logprobs_last_n=2)
     decoded = deserialize_sample_response(encoded)
     assert decoded.prompt_logprobs == [None, None, -2.5, -3.5]
     assert decoded.topk_prompt_logprobs == [None, None, [(2, -0.25)], None]

@@ -10,9 +10,9 @@ import pytest
 from tinker import types
 
 from tinker_local.engine.contract import SampleDone, SamplingRequest
-from tinker_local.server import paths
-from tinker_local.server.errors import ApiError
-from tinker_local.server.worker import EngineWorker, WorkerStopped
+from tinker_local.server.core import tinker_paths
+from tinker_local.server.core.engine_worker import EngineWorker, WorkerStopped
+from tinker_local.server.core.errors import ApiError
 
 
 class _RecordingSampling:
@@ -91,10 +91,10 @@ def test_engine_factory_failure_reaches_start() -> None:
 
 
 def test_checkpoint_paths_map_inside_the_root(tmp_path: Path) -> None:
-    path = paths.parse_uri("tinker://abc:train:0/weights/step-10.final")
+    path = tinker_paths.parse_uri("tinker://abc:train:0/weights/step-10.final")
     assert path.directory(tmp_path) == tmp_path / "abc:train:0" / "weights" / "step-10.final"
     assert path.uri == "tinker://abc:train:0/weights/step-10.final"
-    assert paths.parse_uri("tinker://r/sampler_weights/x").kind == "sampler_weights"
+    assert tinker_paths.parse_uri("tinker://r/sampler_weights/x").kind == "sampler_weights"
 
 
 @pytest.mark.parametrize(
@@ -111,11 +111,11 @@ def test_checkpoint_paths_map_inside_the_root(tmp_path: Path) -> None:
 )
 def test_bad_checkpoint_paths_are_refused(uri: str) -> None:
     with pytest.raises(ApiError) as err:
-        paths.parse_uri(uri)
+        tinker_paths.parse_uri(uri)
     assert err.value.status == 400
 
 
 def test_missing_checkpoint_is_404(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as err:
-        paths.existing_checkpoint("tinker://r/weights/nope", tmp_path)
+        tinker_paths.existing_checkpoint("tinker://r/weights/nope", tmp_path)
     assert err.value.status == 404 and "not found" in err.value.message

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tinker_local.server.worker import Batchable, EngineWorker
+from tinker_local.server.core.engine_worker import Batchable, EngineWorker
 
 
 class _NoSampling:

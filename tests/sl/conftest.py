@@ -10,6 +10,6 @@ def tiny_tokenizer():
     from transformers import AutoTokenizer
 
     from tinker_local import config
-    from tinker_local.engine.models import resolve_model
+    from tinker_local.engine.models.registry import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(config.TINY_TEST_MODEL))

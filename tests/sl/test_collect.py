@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 
+import pytest
+
+from tinker_local.rl.env_errors import TooManyEnvErrors
 from tinker_local.rl.types import Score, SingleTurnProblem, TextWorld, WorldStep
 from tinker_local.sl.collect import problem_record, world_record, write_collection
 from tinker_local.sl.data import load_conversations
@@ -98,3 +102,76 @@ def test_collect_command_on_real_tasks(tmp_path, capsys):
         r["messages"][0]["content"] for r in records if r["task"] == "arithmetic"
     }
     assert main(["nope", "--out", str(out)]) == 2
+
+
+class RaisingReference(WrongReference):
+    def score(self, answer: str) -> Score:
+        raise ValueError(f"verifier bug on {answer!r}")
+
+
+class StumblingWorld(CountWorld):
+    def step(self, action: str) -> WorldStep:
+        if action == "2":
+            raise KeyError("no such counter")
+        return super().step(action)
+
+
+def test_a_raising_verifier_or_world_rejects_its_item_and_too_many_stop(tmp_path, caplog):
+    out = tmp_path / "sft.jsonl"
+    with caplog.at_level(logging.WARNING, logger="tinker_local.rl.env_errors"):
+        counts = write_collection(
+            {
+                "mixed": [*make_problems("train", 2, seed=1), RaisingReference()],
+                "count": [lambda: CountWorld(2), lambda: StumblingWorld(3)],
+            },
+            out,
+        )
+    assert counts["mixed"] == {
+        "kept": 2,
+        "rejected": 1,
+        "reasons": {"the task's score raised ValueError": 1},
+    }
+    assert counts["count"]["reasons"] == {"the task's step raised KeyError": 1}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and messages[0].startswith("collect, task 'mixed': 1 of 3")
+    assert "verifier bug on '3'" in messages[0] and "Traceback" in messages[0]
+
+    with pytest.raises(TooManyEnvErrors, match="collect, task 'broken': 2 of 3 episodes"):
+        write_collection(
+            {"broken": [RaisingReference(), RaisingReference(), WrongReference()]}, out
+        )
+
+
+class JudgedByABuggyVerifier(WrongReference):
+    """Its verifier raises on every other answer it scores (so on one side of each debate)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, answer: str) -> Score:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise ValueError("verifier bug")
+        return super().score(answer)
+
+
+def test_debate_collection_rejects_a_debate_whose_judge_raised(tmp_path):
+    import asyncio
+
+    from tinker_local.sl.debate_collect import collect_debate_winners
+    from tinker_local.tasks.debate import RuleJudge
+
+    async def policy(messages):
+        return "Easy.\nAnswer: 2"
+
+    async def collect(problems):
+        return await collect_debate_winners({"sum": problems}, policy, RuleJudge(), rounds=1)
+
+    records, rejections = asyncio.run(collect([WrongReference(), JudgedByABuggyVerifier()]))
+    assert records == []  # the sound debate is a tie (both say 2)
+    assert sorted(reason for _, _, reason in rejections) == [
+        "the judge raised ValueError",
+        "tie: both sides' final answers scored 1",
+    ]
+    with pytest.raises(TooManyEnvErrors, match="debate collect, task 'sum': 2 of 2"):
+        asyncio.run(collect([JudgedByABuggyVerifier(), JudgedByABuggyVerifier()]))

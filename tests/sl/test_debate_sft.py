@@ -149,4 +149,6 @@ def test_pipeline_debate_collection_feeds_sft_and_a_failed_rl_falls_back(
     assert report["final"]["model"] == outcome.stages[1].model
     markdown = (root / "eval" / "report.md").read_text()
     assert "- rl: failed (RuntimeError: simulated RL crash)" in markdown
-    assert "Final model: **sft** (rl failed, so the last good model is evaluated)" in markdown
+    # the tiny model solves nothing: sft gives base's verdict on every problem, so it is kept
+    assert "Final model: **sft** (rl failed, so the last good model is evaluated; sft matched " \
+        "base: 0.00 vs 0.00" in markdown

@@ -44,7 +44,7 @@ def tokenizer():
     cached = config.home() / "test-tokenizers" / "smollm2"  # shared with the RL tests
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached)
-    from tinker_local.engine.builtin import load_smollm2_tokenizer
+    from tinker_local.engine.models.builtin import load_smollm2_tokenizer
 
     tok = load_smollm2_tokenizer()
     tok.save_pretrained(cached)

@@ -125,7 +125,7 @@ def apply_sampler_option(argv: list[str], options_need_separator: bool = False) 
     rest += argv[end:]
     backend = config.sampler_backend(chosen)
     if backend == "vllm":
-        from tinker_local.engine.vllm_sampler import check_installed
+        from tinker_local.engine.sampling.vllm_backend import check_installed
 
         check_installed()
     os.environ[config.SAMPLER_ENV] = backend

@@ -85,7 +85,7 @@ def tokenizer_for(base_model: str, base_url: str | None = None) -> Any:
         return sampler.get_tokenizer()
     from transformers import AutoTokenizer
 
-    from tinker_local.engine.models import resolve_model
+    from tinker_local.engine.models.registry import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(base_model), local_files_only=True)
 

@@ -40,7 +40,7 @@ def embedded_server(*, device: str | None = None, dtype: str | None = None) -> A
     """The process-wide embedded server, started on first use and stopped at exit."""
     global _server
     from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.http.start import LocalServer
 
     wanted = {"device": device, "dtype": dtype}
     with _lock:

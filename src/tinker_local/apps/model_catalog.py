@@ -9,21 +9,21 @@ import signal
 import sys
 from pathlib import Path
 
-from tinker_local.engine import builtin
-from tinker_local.engine.hub_download import (
+from tinker_local.engine.models import builtin
+from tinker_local.engine.models.cost import (
+    disk_bytes,
+    human_bytes,
+    human_count,
+    parameter_counts,
+    stored_dtype,
+)
+from tinker_local.engine.models.hub_download import (
     DownloadError,
     drop_partial_files,
     interrupted_message,
     pull,
 )
-from tinker_local.engine.model_cost import (
-    disk_bytes,
-    human_bytes,
-    human_count,
-    parameter_count,
-    stored_dtype,
-)
-from tinker_local.engine.models import (
+from tinker_local.engine.models.registry import (
     available_models,
     cached_model_ids,
     cached_snapshot,
@@ -69,11 +69,15 @@ def _row(name: str) -> str:
     else:
         folder, where = cached_snapshot(name), "Hugging Face cache"
     assert folder is not None
+    vision = 0
     try:
-        params = human_count(parameter_count(folder))
+        total, vision = parameter_counts(folder)
+        params = human_count(total)
     except (OSError, ValueError, KeyError):  # a config transformers cannot build: still listed
         params = "?"
     dtype = stored_dtype(folder) or "?"
+    if vision:  # a vision-language model: both towers are counted
+        where = f"vision-language ({human_count(vision)} in the vision tower), {where}"
     return f"{name:<44} {params:>7}  {dtype:<9} {human_bytes(disk_bytes(folder)):>9}  {where}, at {folder}"
 
 

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from tinker_local.apps.model_catalog import models_main  # noqa: F401 - the command's home
-from tinker_local.engine.models import TOKENIZER_SNAPSHOT_FILES, load_base, resolve_dtype
+from tinker_local.engine.models.registry import TOKENIZER_SNAPSHOT_FILES, load_base, resolve_dtype
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")

@@ -2,6 +2,7 @@
 base, SFT and RL side by side.
 
     tinker-local pipeline --config pipeline.json [--preset two-stage] [--base-url URL]
+        [--task TASK | package.module:factory] [--seeds 0,1,2]   # see apps/pipeline_runs.py
 
 pipeline.json (every section but `log_dir` optional; unknown keys are errors):
 
@@ -35,10 +36,17 @@ the log dir's name) and grouped under `<name>`; TensorBoard event files go to ea
 folder (`tensorboard --logdir <log_dir>` shows them together). A stage's own `wandb_*` settings
 win over these.
 
+The final model is the best stage on the held-out evaluation: a later stage replaces the
+earlier choice only when it is credibly not worse (the paired interval of the difference,
+over every problem, does not reach below 0; `tinker_local.eval.selection`). The report
+(`eval/report.md`, `final` in `eval/report.json`), `result.json` in the log dir (which the
+console reads) and the printed summary name it and why ("rl was worse than sft: 0.07 vs 0.45
+...; final model: sft"). When RL ends worse than the SFT model it started from, the run ends
+with a one-line warning naming the RL settings that control that.
+
 When a stage fails, the pipeline goes on: RL is skipped without an SFT checkpoint, and the final
-evaluation covers the base model and every stage that finished, naming the last good model
-(RL, else SFT, else base) and why (`eval/report.md`, `stages` in `eval/report.json`); the command
-then exits with status 1.
+evaluation covers the base model and every stage that finished (`stages` in
+`eval/report.json`); the command then exits with status 1.
 """
 
 from __future__ import annotations
@@ -65,11 +73,15 @@ from tinker_local.apps.connect import (
     service_client,
     tokenizer_for,
 )
+from tinker_local.apps.pipeline_runs import seeded, with_task, write_seed_summary
 from tinker_local.apps.rl import datasets_for
+from tinker_local.apps.seeds import parse_seeds
 from tinker_local.apps.tracking_args import add_tracking_args
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.report import ModelEval, markdown_table, write_report
 from tinker_local.eval.runner import EvalConfig, evaluate_models
+from tinker_local.eval.selection import RULE as FINAL_RULE
+from tinker_local.eval.selection import choose_final, rl_regression_warning
 from tinker_local.eval.task_items import load_items
 from tinker_local.eval.tracked import track_results
 from tinker_local.rl.config import RLConfig
@@ -308,23 +320,39 @@ class Stage:
 class PipelineOutcome:
     results: list[ModelEval]  # base, then every stage that produced a model
     stages: list[Stage]
-    final: str  # the label of the last good model: rl, else sft, else base
+    final: str  # the label of the model chosen (`eval.selection`)
+    reason: str = ""  # why: each later stage against the choice before it ("": one model)
+    final_model: str = ""  # its base model name or sampler path
+    warning: str | None = None  # RL ended worse than it started
 
     @property
     def failed(self) -> list[Stage]:
         return [s for s in self.stages if s.status == "failed"]
 
     def summary(self) -> str:
-        """Markdown: each stage's outcome and which model the pipeline ends with."""
+        """Markdown: each stage's outcome and which model the pipeline ends with, and why."""
         lines = ["Stages:"]
         for s in self.stages:
             detail = f" ({s.error})" if s.error else ""
             lines.append(f"- {s.name}: {s.status}{detail}")
-        why = "every stage finished" if not self.failed else (
-            f"{', '.join(s.name for s in self.failed)} failed, so the last good model is evaluated"
-        )
+        why = self.reason or "the only model evaluated"
+        if self.failed:
+            failed = ", ".join(s.name for s in self.failed)
+            why = f"{failed} failed, so the last good model is evaluated" + (
+                f"; {self.reason}" if self.reason else ""
+            )
         lines.append(f"\nFinal model: **{self.final}** ({why})")
+        lines.append(f"Rule: {FINAL_RULE}.")
+        if self.warning:
+            lines.append(f"\n{self.warning}")
         return "\n".join(lines) + "\n\n"
+
+    def record(self) -> dict[str, Any]:
+        """What `result.json` and the report JSON say about the final model."""
+        reason = f"{self.reason}; " if self.reason else "the only model evaluated; "
+        return {"label": self.final, "model": self.final_model,
+                "reason": f"{reason}final model: {self.final}", "rule": FINAL_RULE,
+                "warning": self.warning}  # fmt: skip
 
 
 def _failure(stage: str, error: BaseException) -> Stage:
@@ -382,18 +410,26 @@ def run_pipeline(
     tasks, n, split, eval_config = cfg.eval_settings()
     items = {name: load_items(name, n, split=split, seed=eval_config.seed) for name in tasks}
     results, transcripts = evaluate_models(service, models, items, eval_config)
-    outcome = PipelineOutcome(results, stages, final=models[-1][0])
+    choice = choose_final(results)
+    outcome = PipelineOutcome(
+        results,
+        stages,
+        final=choice.label,
+        reason=choice.reason,
+        final_model=choice.model,
+        warning=rl_regression_warning(results, cfg.root / "rl"),
+    )
     _track_eval(cfg, results, {**vars(eval_config), "models": dict(models), "tasks": tasks})
+    stage_records = [s.__dict__ for s in stages]
     write_report(
         cfg.root / "eval",
         results,
         transcripts,
         preamble=outcome.summary(),
-        extra={
-            "stages": [s.__dict__ for s in stages],
-            "final": {"label": outcome.final, "model": models[-1][1]},
-        },
+        extra={"stages": stage_records, "final": outcome.record()},
     )
+    result = {"final": outcome.record(), "stages": stage_records}
+    (cfg.root / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return outcome
 
 
@@ -418,41 +454,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="pipeline JSON file")
     parser.add_argument("--preset", help="a named preset (overrides the file's `preset`)")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    parser.add_argument(
+        "--task",
+        help="a task, mixture or your own package.module:factory: replaces rl.task, "
+        "collect.tasks and eval.tasks",
+    )
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (0,1,2): the pipeline once per seed in LOG_DIR/seed-S, "
+        "then each stage's mean, spread and per-seed table in LOG_DIR/seeds.md",
+    )
     add_tracking_args(parser)
     args = parser.parse_args(argv)
     try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
         data = json.loads(args.config.read_text())
         if not isinstance(data, dict):
             raise TypeError(f"{args.config}: a pipeline config must be a JSON object")
         if args.preset is not None:
             data["preset"] = args.preset
+        if args.task is not None:
+            data = with_task(data, args.task)
         data["tracking"] = {**data.get("tracking", {}), **_tracking_flags(args)}
-        cfg = PipelineConfig.from_dict(data)
-        cfg.check()
-        rl_datasets: DatasetsMaker | None = None
-        if cfg.rl is not None:
-            # The RL data before the server: bad task data must not cost a server start.
-            built = cfg.rl_datasets(cfg.rl_config(None))(
-                tokenizer_for(cfg.base_model, args.base_url)
-            )
-
-            def rl_datasets(_tokenizer: Any) -> tuple[Any, Any]:
-                return built
-        tasks, _, split, eval_config = cfg.eval_settings()
-        for name in tasks:  # unknown tasks and unreadable data fail here
-            load_items(name, 1, split=split, seed=eval_config.seed)
+        root = PipelineConfig.from_dict(data).root
+        variants = [data] if seeds is None else [seeded(data, seed) for seed in seeds]
+        runs = [_prepared(PipelineConfig.from_dict(d), args.base_url) for d in variants]
     except (ValueError, TypeError, KeyError, OSError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"tinker-local pipeline: {message}", file=sys.stderr)
         return 2
     quiet_sdk_polling_logs()
     client = service_client(args.base_url)
-    # One registration for every stage: the console plots each stage folder's metrics.jsonl.
-    register_log_dir(cfg.root, "pipeline", args.base_url)
-    outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
-    print(outcome.summary() + markdown_table(outcome.results))
-    print(f"reports in {cfg.root / 'eval'}")
-    return 1 if outcome.failed else 0
+    # One registration for every stage (and seed): the console plots each stage folder's
+    # metrics.jsonl.
+    register_log_dir(root, "pipeline", args.base_url)
+    outcomes = []
+    for cfg, rl_datasets in runs:
+        outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
+        print(outcome.summary() + markdown_table(outcome.results))
+        print(f"reports in {cfg.root / 'eval'}")
+        print(f"final model: {outcome.final} ({outcome.final_model})")
+        outcomes.append(outcome)
+    if seeds is not None:
+        print(write_seed_summary(root, seeds, outcomes))
+    for outcome in outcomes:  # last, where a user looks: RL made the model worse
+        if outcome.warning:
+            print(outcome.warning, file=sys.stderr)
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+def _prepared(
+    cfg: PipelineConfig, base_url: str | None
+) -> tuple[PipelineConfig, DatasetsMaker | None]:
+    """Every setting checked and the RL data built, before any server starts."""
+    cfg.check()
+    rl_datasets: DatasetsMaker | None = None
+    if cfg.rl is not None:
+        built = cfg.rl_datasets(cfg.rl_config(None))(tokenizer_for(cfg.base_model, base_url))
+
+        def rl_datasets(_tokenizer: Any) -> tuple[Any, Any]:
+            return built
+
+    tasks, _, split, eval_config = cfg.eval_settings()
+    for name in tasks:  # unknown tasks and unreadable data fail here
+        load_items(name, 1, split=split, seed=eval_config.seed)
+    return cfg, rl_datasets
 
 
 def _tracking_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,8 @@
     tinker-local rl --task debate --task-option task=sat --task-option judge=MODEL ...
     tinker-local rl --preset two-stage --lora-rank 8 ...   # a preset, one setting smaller
     tinker-local rl --config rl.json          # RLConfig keys in snake_case; flags override
+    tinker-local rl --task arithmetic --seeds 0,1,2 ...   # a run per seed, then a summary
+    tinker-local rl --task mytasks:make_problems ...      # your own task (docs/recipes.md)
 
 Settings come from the preset, then the config file, then the flags (each overrides the one
 before). The task data is built before any server starts, so a bad task, option or data file
@@ -23,6 +25,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tinker_local import presets
@@ -32,7 +35,17 @@ from tinker_local.apps.connect import (
     service_client,
     tokenizer_for,
 )
+from tinker_local.apps.seeds import (
+    SeedRun,
+    curves_figure,
+    last_value,
+    metric_rows,
+    parse_seeds,
+    seed_dir,
+    write_summary,
+)
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl.env_errors import TooManyEnvErrors
 from tinker_local.rl.step_metrics import eval_task_names
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks.debate import ModelJudge
@@ -79,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--task",
         required=True,
-        help="a task (e.g. arithmetic, gsm8k), or a mixture TASK:WEIGHT,... "
+        help="a task (e.g. arithmetic, gsm8k), your own package.module:factory "
+        "(docs/recipes.md), or a mixture TASK:WEIGHT,... "
         "(e.g. sat:0.4,abduction:0.3,deduction:0.3); each batch mixes tasks by weight",
     )
     parser.add_argument(
@@ -95,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", help="a named set of settings (see below)")
     parser.add_argument("--config", help="JSON file of RLConfig settings; flags override it")
     parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (0,1,2): one run per seed in LOG_DIR/seed-S, then their "
+        "mean, spread and per-seed table in LOG_DIR/seeds.md (and seeds.json, seeds.png)",
+    )
     parser.add_argument("--stop-after-steps", type=int, help="pause after this many steps")
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
     for field in dataclasses.fields(RLConfig):
@@ -182,10 +201,12 @@ def _message(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
         mixture = TaskMixture.parse(args.task)
         options = split_options(args.task_option, mixture)
         cfg = config_from_args(args, mixture)
         check_available(cfg.tracking())  # a missing tracker package: named now, not mid-run
+        configs = [cfg] if seeds is None else [seed_config(cfg, seed) for seed in seeds]
     except (ValueError, TypeError, OSError) as error:
         return _fail(error)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -194,37 +215,85 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Before the server: a bad task, option or data file must not cost a server start.
         tokenizer = tokenizer_for(cfg.base_model, args.base_url)
-        make = datasets_for(mixture, cfg, options, connect=lambda: service["client"])
-        train, test = make(tokenizer)
+        data = [
+            datasets_for(mixture, c, options, connect=lambda: service["client"])(tokenizer)
+            for c in configs
+        ]
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _fail(_message(error))
     service["client"] = client = service_client(args.base_url)
-    register_log_dir(cfg.log_dir, "rl", args.base_url)
+    register_log_dir(cfg.log_dir, "rl", args.base_url)  # the console finds seed-S/ below it
+    results = []
+    for c, (train, test) in zip(configs, data):
+        try:
+            result = _train(c, _fixed_datasets(train, test), client, args)
+        except TooManyEnvErrors as error:  # the task is broken: its message says which and how
+            print(f"{PROG}: {error}", file=sys.stderr)
+            return 1
+        _print_result(result)
+        results.append(result)
+    if seeds is not None:
+        _print_seed_summary(cfg.log_dir, seeds, results)
+    return 0
+
+
+def seed_config(cfg: RLConfig, seed: int) -> RLConfig:
+    """The run of one seed: its own folder under the log dir, its own W&B run in a group."""
+    name = cfg.wandb_name or Path(cfg.log_dir).name
+    return dataclasses.replace(
+        cfg,
+        seed=seed,
+        log_dir=str(seed_dir(cfg.log_dir, seed)),
+        wandb_name=f"{name}-seed{seed}",
+        wandb_group=cfg.wandb_group or name,
+    )
+
+
+def _fixed_datasets(train: Any, test: Any) -> Any:
+    """The loop's dataset builder for splits built before the server started."""
 
     def datasets(_tokenizer: Any) -> tuple[Any, Any]:
         return train, test
 
+    return datasets
+
+
+def _train(cfg: RLConfig, datasets: Any, client: Any, args: argparse.Namespace) -> TrainResult:
     if args.no_progress or not sys.stderr.isatty():
-        result = run(
+        return run(
             cfg,
             datasets,
             service_client=client,
             stop_after_steps=args.stop_after_steps,
             on_step=_print_step,
         )
-    else:
-        from tinker_local.apps.progress import ProgressDisplay
+    from tinker_local.apps.progress import ProgressDisplay
 
-        with ProgressDisplay(cfg.max_steps) as progress:
-            result = run(
-                cfg,
-                datasets,
-                service_client=client,
-                stop_after_steps=args.stop_after_steps,
-                on_step=progress.update,
-            )
-    _print_result(result)
-    return 0
+    with ProgressDisplay(cfg.max_steps) as progress:
+        return run(
+            cfg,
+            datasets,
+            service_client=client,
+            stop_after_steps=args.stop_after_steps,
+            on_step=progress.update,
+        )
+
+
+SEED_METRICS = ("eval/success_rate", "eval/reward", "reward/mean")
+
+
+def _print_seed_summary(root: str, seeds: list[int], results: list[TrainResult]) -> None:
+    runs = []
+    for seed, result in zip(seeds, results):
+        rows = metric_rows(result.log_dir)
+        values = {key: result.last_eval.get(key) for key in SEED_METRICS[:2]}
+        values["reward/mean"] = last_value(rows, "reward/mean")
+        runs.append(SeedRun(seed, result.log_dir, values))
+    keys = [k for k in ("reward/mean", "eval/success_rate") if any(r.values.get(k) is not None
+                                                                   for r in runs)]  # fmt: skip
+    paths = write_summary(root, PROG, runs, SEED_METRICS, curves_figure(runs, keys))
+    print(paths["markdown"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
 def _print_step(step: int, values: dict[str, Any]) -> None:

@@ -47,6 +47,14 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-queued", type=int, default=256, help="engine jobs queued before answering 429"
     )
     parser.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder ImageAssetPointerChunk paths may point into (repeatable); no other file "
+        "of this machine is ever read for an image, and URLs are refused (offline)",
+    )
+    parser.add_argument(
         "--session-timeout",
         type=float,
         default=600,
@@ -57,7 +65,7 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
-    from tinker_local.server.service import ServerSettings
+    from tinker_local.server.core.service import ServerSettings
 
     limits = {
         "max_body_bytes": int(args.max_body_mb * 1024 * 1024),
@@ -79,10 +87,13 @@ def _settings(args: argparse.Namespace, keys: frozenset[str]) -> Any:
             args.session_timeout,
             SDK_HEARTBEAT_S,
         )
+    from tinker_local.server.core.image_inputs import allowed_image_dirs
+
     return ServerSettings(
         api_keys=keys,
         database=config.home() / "server.sqlite3",
         session_timeout_s=args.session_timeout,
+        image_dirs=allowed_image_dirs(getattr(args, "image_dir", [])),
         **limits,
     )
 
@@ -178,7 +189,7 @@ def distributed(args: argparse.Namespace) -> bool:
 
 def serve_settings(args: argparse.Namespace, keys: list[str]) -> Any:
     """ServerSettings from parsed `serve` arguments; ValueError names a bad one."""
-    from tinker_local.server.access import check_keys
+    from tinker_local.server.http.access import check_keys
 
     return _settings(args, check_keys(keys))
 
@@ -220,8 +231,8 @@ def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
                make_engine: Any) -> int:
     """Serve with the engine `make_engine` builds (a single process's, or rank 0's of a
     group); returns the exit code."""
-    from tinker_local.server.access import read_keys_file
-    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.http.access import read_keys_file
+    from tinker_local.server.http.start import LocalServer
 
     keys = list(args.api_key)
     if args.api_keys_file is not None:
@@ -234,7 +245,7 @@ def serve_with(parser: argparse.ArgumentParser, args: argparse.Namespace,
     except ValueError as exc:
         parser.error(str(exc))
     if args.run_url_file is not None:  # serving `tinker-local run`: no store, as in `run`
-        from tinker_local.server.service import ServerSettings
+        from tinker_local.server.core.service import ServerSettings
 
         settings = ServerSettings()
     if args.allow_download and _hub_offline():
@@ -359,7 +370,7 @@ def run_main(argv: list[str]) -> int:
 
 def _start_local(args: argparse.Namespace) -> tuple[str, Any]:
     from tinker_local.engine.factory import engine_factory
-    from tinker_local.server.runner import LocalServer
+    from tinker_local.server.http.start import LocalServer
 
     server = LocalServer(engine_factory(device=args.device, dtype=args.dtype)).start()
     return server.base_url, server.stop

@@ -3,6 +3,7 @@
     tinker-local sft data.jsonl --log-dir runs/sft [--epochs 2 --batch-size 16 ...]
     tinker-local sft --config sft.json            # same keys as the flags, in snake_case
     tinker-local sft data.jsonl --log-dir runs/sft --preset two-stage --lora-rank 8
+    tinker-local sft data.jsonl --log-dir runs/sft --seeds 0,1,2   # a run per seed + summary
 
 Settings come from the preset, then the config file, then the flags (each overrides the one
 before).
@@ -17,10 +18,20 @@ import dataclasses
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from tinker_local import presets
 from tinker_local.apps.connect import register_log_dir, service_client
+from tinker_local.apps.seeds import (
+    SeedRun,
+    curves_figure,
+    last_value,
+    metric_rows,
+    parse_seeds,
+    seed_dir,
+    write_summary,
+)
 from tinker_local.sl.config import SFTConfig, load_config_file
 from tinker_local.tracking import check_available
 
@@ -70,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stop-after-steps", type=int, help="pause after this many steps (resume later)"
     )
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (0,1,2): one run per seed in LOG_DIR/seed-S (the seed "
+        "splits and shuffles the data), then their mean, spread and table in LOG_DIR/seeds.md",
+    )
     defaults = SFTConfig.__dataclass_fields__
     for name, field in defaults.items():
         if name in _SPECIAL:
@@ -108,16 +124,47 @@ def config_from_args(args: argparse.Namespace) -> SFTConfig:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
         config = config_from_args(args)
         check_available(config.tracking())  # a missing tracker package: named before any work
+        configs = [config] if seeds is None else [seed_config(config, s) for s in seeds]
     except (ValueError, TypeError, OSError) as e:
         print(f"tinker-local sft: {e}", file=sys.stderr)
         return 2
     from tinker_local.sl.train import train  # after parsing: bad flags fail fast
 
     client = service_client(args.base_url)
-    register_log_dir(config.log_dir, "sft", args.base_url)
-    result = train(config, client, stop_after_steps=args.stop_after_steps)
+    register_log_dir(config.log_dir, "sft", args.base_url)  # the console finds seed-S/ below
+    runs = []
+    for c in configs:
+        result = train(c, client, stop_after_steps=args.stop_after_steps)
+        _print_result(result)
+        best = result.best.val_loss if result.best is not None else None
+        values = {"best_val_loss": best,
+                  "final_train_loss": last_value(metric_rows(result.log_dir), "train_loss")}
+        runs.append(SeedRun(c.seed, result.log_dir, values))  # fmt: skip
+    if seeds is not None:
+        figure = curves_figure(runs, ["train_loss", "val_loss"])
+        paths = write_summary(config.log_dir, "tinker-local sft", runs, list(runs[0].values),
+                              figure)  # fmt: skip
+        print(paths["markdown"].read_text())
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def seed_config(config: SFTConfig, seed: int) -> SFTConfig:
+    """One seed's run: its own folder under the log dir and its own W&B run in a group."""
+    name = config.wandb_name or Path(config.log_dir).name
+    return dataclasses.replace(
+        config,
+        seed=seed,
+        log_dir=str(seed_dir(config.log_dir, seed)),
+        wandb_name=f"{name}-seed{seed}",
+        wandb_group=config.wandb_group or name,
+    )
+
+
+def _print_result(result: Any) -> None:
     status = "finished" if result.finished else "paused (run again to resume)"
     print(f"SFT {status} after {result.steps} steps; log dir {result.log_dir}")
     if result.best is not None:
@@ -126,4 +173,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  training state:  {result.best.state_path}")
     if result.final is not None:
         print(f"final sampler weights: {result.final.sampler_path}")
-    return 0

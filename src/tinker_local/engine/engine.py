@@ -6,7 +6,7 @@ are the contract's dataclasses and the SDK's own types. Bad input raises `Engine
 gradients as they were before the call.
 
 Sampling goes through `self.sampling`, a backend built with the engine's `_resolve_sampler`
-(`sampling_service.py`): the built-in continuous-batching sampler by default, or vLLM
+(`sampling/builtin_backend.py`): the built-in continuous-batching sampler by default, or vLLM
 (`vllm_sampler.VllmSampling`); `factory.engine_factory` picks one by configuration.
 
 Adapter keys inside a base model's `AdapterPool` are "train:<model_id>" and
@@ -27,29 +27,21 @@ import torch
 from tinker import types
 
 from tinker_local import config
-from tinker_local.engine import checkpoints, models
-from tinker_local.engine.adapters import AdapterPool
 from tinker_local.engine.contract import (
     OPTIMIZERS,
     CheckpointMeta,
     CustomLoss,
     EngineStatus,
     ForwardBackwardCall,
+    ImageGeometry,
     LoraSpec,
     LossInputs,
     ModelInfo,
     SamplingRequest,
     read_checkpoint_meta,
 )
-from tinker_local.engine.custom_loss import CompiledLoss
-from tinker_local.engine.dimuon import DimuonOptimizer
 from tinker_local.engine.errors import EngineError, user_error
-from tinker_local.engine.forward_backward import TrainingCall, run_training_calls
-from tinker_local.engine.logprobs import (
-    DEFAULT_TOKEN_BUDGET,
-    limit_heap_fragmentation,
-    split_causal_lm,
-)
+from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.losses import (
     LOSS_FNS,
     check_call,
@@ -57,15 +49,26 @@ from tinker_local.engine.losses import (
     prepare_data,
     resolve_config,
 )
-from tinker_local.engine.optimizer import AdapterOptimizer, TrainableParams
-from tinker_local.engine.sampler import Sampler
-from tinker_local.engine.sampling_service import (
+from tinker_local.engine.losses.custom import CompiledLoss
+from tinker_local.engine.models import registry, text_codecs
+from tinker_local.engine.models.vision import VisionModel
+from tinker_local.engine.sampling.builtin_backend import (
     ContinuousSampling,
     EngineSampling,
     SamplerSlot,
     SamplingFactory,
 )
-from tinker_local.engine.value_head import METADATA_KEY, ValueHead, check_kind
+from tinker_local.engine.sampling.sampler import Sampler
+from tinker_local.engine.training import checkpoints
+from tinker_local.engine.training.dimuon import DimuonOptimizer
+from tinker_local.engine.training.forward_backward import TrainingCall, run_training_calls
+from tinker_local.engine.training.logprobs import (
+    DEFAULT_TOKEN_BUDGET,
+    limit_heap_fragmentation,
+    split_causal_lm,
+)
+from tinker_local.engine.training.optimizer import AdapterOptimizer, TrainableParams
+from tinker_local.engine.training.value_head import METADATA_KEY, ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +86,11 @@ __all__ = [
 
 @dataclass
 class _Base:
-    loaded: Any  # models.LoadedBase
+    loaded: Any  # registry.LoadedBase
     pool: AdapterPool
     vocab: int  # logits width: the valid token id range
     sampler: Sampler | None = None  # built on first use
+    vision: VisionModel | None = None  # a vision-language model's image side
 
 
 @dataclass
@@ -139,17 +143,17 @@ class Engine:
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
-        `loader(name) -> LoadedBase` replaces `models.load_base` (tests).
+        `loader(name) -> LoadedBase` replaces `registry.load_base` (tests).
         `batch_models`: let `forward_backward_many` run several models' calls in one pass;
         None decides by device (`batch_models_by_default`).
         `sampling`: builds the sampling backend from the engine's sampler resolver."""
         try:
-            resolved_device = models.resolve_device(device)
-            resolved_dtype = models.resolve_dtype(dtype, resolved_device)
+            resolved_device = registry.resolve_device(device)
+            resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
         except ValueError as error:
             raise user_error(str(error)) from None
         self._loader = loader or (
-            lambda name: models.load_base(name, device=resolved_device, dtype=resolved_dtype)
+            lambda name: registry.load_base(name, device=resolved_device, dtype=resolved_dtype)
         )
         self.device = resolved_device
         self.token_budget = token_budget
@@ -177,7 +181,17 @@ class Engine:
 
     @staticmethod
     def available_models() -> list[str]:
-        return models.available_models()
+        return registry.available_models()
+
+    @staticmethod
+    def text_codec(base_model: str) -> text_codecs.HfTextCodec:
+        """`contract.TextCodecs`: reads tokenizer files only, so any thread may call it."""
+        return text_codecs.codec_for(base_model)
+
+    def image_geometry(self, base_model: str) -> ImageGeometry | None:
+        """`contract.VisionModels`: how `base_model` tokenises images (None: text only)."""
+        vision = self._base(base_model).vision
+        return None if vision is None else vision.geometry
 
     def status(self) -> EngineStatus:
         """`contract.StatusReporting`: reads only, so any thread may call it."""
@@ -269,7 +283,11 @@ class Engine:
             except EngineError as error:
                 results[index] = error
                 continue
-            if call.model_id in seen:
+            # LoRA on an image encoder routes by batch row, and the encoder's rows are
+            # patches: such a model's calls with images never share a pass.
+            vision_lora = self._models[call.model_id].spec.train_vision and any(
+                d.images for d in training.data)
+            if call.model_id in seen or vision_lora:
                 later.append((index, base, training, call.forward_only))
                 continue
             seen.add(call.model_id)
@@ -424,6 +442,7 @@ class Engine:
         prepared = prepare_data(
             call.data, loss, base.vocab, behavior=call.behavior,
             custom_inputs=custom.inputs if custom is not None else (),
+            image_token_id=None if base.vision is None else base.vision.image_token_id,
         )
         check_call(loss, prepared, config, call.forward_only)
         return base, TrainingCall(
@@ -460,6 +479,7 @@ class Engine:
             forward_only=forward_only,
             token_budget=self.token_budget,
             checkpoint_activations=self.checkpoint_activations,
+            vision=base.vision,
         )
 
 
@@ -469,21 +489,23 @@ class Engine:
         if name not in self._bases:
             try:
                 loaded = self._loader(name)
-            except (models.ModelNotFoundError, models.InvalidModelFolderError) as error:
+            except (registry.ModelNotFoundError, registry.InvalidModelFolderError) as error:
                 raise user_error(str(error)) from None
             pool = AdapterPool(name, loaded.model)
             vocab = split_causal_lm(pool.model).vocab
-            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab)
+            vision = VisionModel.load(pool.model, Path(loaded.folder))
+            self._bases[name] = _Base(loaded=loaded, pool=pool, vocab=vocab, vision=vision)
         return self._bases[name]
 
     def _base_sampler(self, base: _Base) -> Sampler:
         if base.sampler is None:
             loaded = base.loaded
-            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids)
+            base.sampler = Sampler(base.pool.model, loaded.tokenizer, loaded.eos_token_ids,
+                                   base.vision)
         return base.sampler
 
     def _resolve_sampler(self, sampler_id: str) -> SamplerSlot:
-        """Where `sampler_id` samples (what the sampling backend asks; see sampling_service.py)."""
+        """Where `sampler_id` samples (what the sampling backend asks; see sampling/builtin_backend.py)."""
         entry = self._sampler(sampler_id)
         base = self._bases[entry.base_model]
         adapter = None if entry.adapter_key is None else base.pool.adapter_name(entry.adapter_key)

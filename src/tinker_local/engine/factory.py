@@ -14,10 +14,11 @@ import functools
 from typing import Any
 
 from tinker_local import config
-from tinker_local.engine import hub_download, models, vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.engine import Engine
-from tinker_local.engine.sampling_service import ContinuousSampling, SamplingFactory
+from tinker_local.engine.models import hub_download, registry
+from tinker_local.engine.sampling import vllm_backend
+from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, SamplingFactory
 
 
 def engine_factory(
@@ -31,8 +32,8 @@ def engine_factory(
     vLLM settings fail here, at start (not on the worker thread, minutes later)."""
     sampling: SamplingFactory = ContinuousSampling
     if config.sampler_backend(sampler) == "vllm":
-        vllm_sampler.check_installed()
-        sampling = functools.partial(vllm_sampler.VllmSampling, args=vllm_sampler.llm_args())
+        vllm_backend.check_installed()
+        sampling = functools.partial(vllm_backend.VllmSampling, args=vllm_backend.llm_args())
     loader = None
     if allow_download:
         loader = functools.partial(hub_download.load_or_pull, device=device, dtype=dtype)
@@ -44,5 +45,5 @@ def engine_factory(
 def _serving_engine(**engine_args: Any) -> Engine:
     """The engine, once every listed model's tokenizer is loadable offline by name: scripts
     written for hosted Tinker load it before they ask the server anything (issue 22)."""
-    models.publish_tokenizers()
+    registry.publish_tokenizers()
     return Engine(**engine_args)

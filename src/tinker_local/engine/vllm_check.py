@@ -20,9 +20,9 @@ from transformers import AutoTokenizer
 from tinker_local import config
 from tinker_local.engine.contract import ForwardBackwardCall, LoraSpec, SamplingRequest
 from tinker_local.engine.engine import Engine
-from tinker_local.engine.models import resolve_model
-from tinker_local.engine.sampling_service import sample_all
-from tinker_local.engine.vllm_sampler import VllmSampling
+from tinker_local.engine.models.registry import resolve_model
+from tinker_local.engine.sampling.builtin_backend import sample_all
+from tinker_local.engine.sampling.vllm_backend import VllmSampling
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,16 @@
 """Evaluation outputs: JSON for machines, Markdown for people, a PNG plot, transcripts as JSONL.
 
 Several models (base, SFT, RL, ...) evaluated on the same tasks are reported side by side. The
-headline number per task is the success rate with its 80 % Jeffreys interval; across tasks, the
-pooled rate (weighted by samples, with its interval) and the unweighted mean of the tasks' rates
-stand side by side. Pareto dominance is judged on per-task success rates.
+headline number per task is the success rate with its 80 % interval (problems as the unit,
+`eval.stats`); with several samples per problem also pass@k and maj@k. Across tasks, the pooled
+rate (weighted by samples, with its interval) and the unweighted mean of the tasks' rates stand
+side by side. Every pair of models evaluated on the same problems gets a paired comparison
+(`eval.paired`), and Pareto dominance counts only credible differences.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,13 +20,31 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from tinker_local.eval.paired import (
+    NotPaired,
+    PairedComparison,
+    compare,
+    credible_dominance,
+    credible_frontier,
+    format_p,
+)
 from tinker_local.eval.stats import (
+    INTERVAL_METHOD,
     Aggregate,
     Interval,
     TaskStats,
     aggregate,
-    dominance_pairs,
-    pareto_frontier,
+)
+
+PAIRED_METHOD = (
+    "paired over problems: difference B - A with a percentile bootstrap interval over "
+    "problems; McNemar's exact test with one sample per problem, else a sign-flip "
+    "permutation test"
+)
+PARETO_RULE = (
+    "A dominates B when A is credibly better on at least one task and credibly worse on "
+    "none (credibly: the paired interval of the difference excludes 0 and the paired test's "
+    "p is below 1 - level)"
 )
 
 
@@ -101,21 +122,49 @@ def _common_tasks(results: Sequence[ModelEval]) -> list[str]:
 
 
 def success_rates(results: Sequence[ModelEval]) -> dict[str, dict[str, float]]:
-    """label -> task -> success rate, the input to Pareto comparisons."""
+    """label -> task -> success rate."""
     tasks = _common_tasks(results)
     return {r.label: {t: r.task(t).success_rate for t in tasks} for r in results}
+
+
+def paired_comparisons(
+    results: Sequence[ModelEval],
+) -> tuple[list[PairedComparison], list[str]]:
+    """Every pair of models (later minus earlier) that can be paired, and why the others
+    cannot."""
+    _common_tasks(results)
+    found, skipped = [], []
+    for a, b in itertools.combinations(results, 2):
+        try:
+            found += compare(a, b, a.tasks[0].interval.level)
+        except NotPaired as error:
+            skipped.append(f"{b.label} vs {a.label}: {error}")
+    return found, skipped
+
+
+def design(results: Sequence[ModelEval]) -> str:
+    """`100 problems per task, k = 4 samples each` (the smallest k over models and tasks)."""
+    stats = [s for r in results for s in r.tasks]
+    problems = sorted({s.problems or s.n for s in stats})
+    k = min(s.samples_per_problem for s in stats)
+    shown = str(problems[0]) if len(problems) == 1 else f"{problems[0]}-{problems[-1]}"
+    return f"{shown} problems per task, k = {k} sample{'s' if k > 1 else ''} per problem"
 
 
 # --- JSON ---------------------------------------------------------------------------------------
 
 
 def report_dict(results: Sequence[ModelEval]) -> dict[str, Any]:
-    rates = success_rates(results)
+    comparisons, skipped = paired_comparisons(results)
     return {
         "tasks": _common_tasks(results),
+        "design": design(results),
+        "method": {"interval": INTERVAL_METHOD, "paired": PAIRED_METHOD, "pareto": PARETO_RULE},
         "models": [r.to_dict() for r in results],
-        "pareto_frontier": pareto_frontier(rates),
-        "dominance": [list(pair) for pair in dominance_pairs(rates)],
+        "pareto_frontier": credible_frontier(results),
+        "dominance": [list(pair) for pair in credible_dominance(results)],
+        "paired": [c.to_dict() for c in comparisons],
+        "unpaired": skipped,
     }
 
 
@@ -135,13 +184,20 @@ def _rate_cell(rate: float, interval: Interval, n: int) -> str:
 
 
 def markdown_table(results: Sequence[ModelEval]) -> str:
-    """Two tables side by side per model: success rates with intervals, then score summaries."""
+    """Success rates with intervals, pass@k / maj@k, score summaries, paired comparisons and
+    credible Pareto dominance."""
     tasks = _common_tasks(results)
     level = round(results[0].tasks[0].interval.level * 100)
     header = "| task | " + " | ".join(r.label for r in results) + " |"
     rule = "|---" * (len(results) + 1) + "|"
 
-    lines = [f"Success rate [{level} % Jeffreys interval] (n = samples)", "", header, rule]
+    lines = [
+        f"Success rate [{level} % interval] (n = samples); {design(results)}",
+        f"Interval: {INTERVAL_METHOD}.",
+        "",
+        header,
+        rule,
+    ]
     for task in tasks:
         cells = [
             _rate_cell(s.success_rate, s.interval, s.n) for s in (r.task(task) for r in results)
@@ -152,6 +208,7 @@ def markdown_table(results: Sequence[ModelEval]) -> str:
     lines.append("| **all (weighted by samples)** | " + " | ".join(cells) + " |")
     cells = [f"{a.unweighted_success_rate:.2f}" for a in aggs]
     lines.append("| **mean of tasks (unweighted)** | " + " | ".join(cells) + " |")
+    lines += _pass_and_majority(results, tasks, header, rule)
 
     lines += ["", "Score: mean ± std (median)", "", header, rule]
     for task in tasks:
@@ -167,23 +224,65 @@ def markdown_table(results: Sequence[ModelEval]) -> str:
         + " | ".join(f"{a.unweighted_mean:.3f}" for a in aggs)
         + " |"
     )
+    if len(results) > 1:
+        lines += _paired_section(results, level)
+    return "\n".join(lines) + "\n"
 
-    rates = success_rates(results)
-    frontier = pareto_frontier(rates)
-    pairs = dominance_pairs(rates)
-    lines += ["", f"Pareto frontier (per-task success rate): {', '.join(frontier)}"]
+
+def _pass_and_majority(
+    results: Sequence[ModelEval], tasks: list[str], header: str, rule: str
+) -> list[str]:
+    """pass@k and maj@k rows, when every model has them (k >= 2)."""
+    ks = [set(s.pass_at_k) for r in results for s in r.tasks]
+    common = sorted(set.intersection(*ks), key=int) if ks else []
+    majority = all(s.maj_at_k is not None for r in results for s in r.tasks)
+    if not common and not majority:
+        return []
+    lines = ["", "pass@k (unbiased estimator) and maj@k (majority vote), with intervals", "",
+             header, rule]  # fmt: skip
+    for task in tasks:
+        for k in common:
+            cells = [_estimate_cell(r.task(task).pass_at_k[k]) for r in results]
+            lines.append(f"| {task} pass@{k} | " + " | ".join(cells) + " |")
+        if majority:
+            k = results[0].task(task).samples_per_problem
+            cells = [_estimate_cell(r.task(task).maj_at_k) for r in results]
+            lines.append(f"| {task} maj@{k} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _estimate_cell(estimate: Any) -> str:
+    interval = estimate.interval
+    return f"{estimate.value:.2f} [{interval.low:.2f}, {interval.high:.2f}]"
+
+
+def _paired_section(results: Sequence[ModelEval], level: int) -> list[str]:
+    comparisons, skipped = paired_comparisons(results)
+    lines = ["", f"Paired comparisons ({PAIRED_METHOD}; {level} % intervals)", ""]
+    if comparisons:
+        lines += ["| task | B - A | difference [interval] | p | test |", "|---|---|---|---|---|"]
+        for c in comparisons:
+            lines.append(
+                f"| {c.task} | {c.second} - {c.first} | {c.difference:+.2f} "
+                f"[{c.interval.low:+.2f}, {c.interval.high:+.2f}] | {format_p(c.p_value)} | "
+                f"{c.test} |"
+            )
+    lines += [f"Not paired: {why}" for why in skipped]
+    frontier = credible_frontier(results)
+    pairs = credible_dominance(results)
+    lines += ["", f"Pareto frontier ({PARETO_RULE}): {', '.join(frontier)}"]
     if pairs:
         lines.append("Dominance: " + "; ".join(f"{a} dominates {b}" for a, b in pairs))
     else:
-        lines.append("Dominance: no model dominates another")
-    return "\n".join(lines) + "\n"
+        lines.append("Dominance: no model credibly dominates another")
+    return lines
 
 
 # --- PNG ----------------------------------------------------------------------------------------
 
 
 def build_figure(results: Sequence[ModelEval]) -> Figure:
-    """Grouped bars of per-task success rate, one bar per model, Jeffreys intervals as whiskers."""
+    """Grouped bars of per-task success rate, one bar per model, intervals as whiskers."""
     tasks = _common_tasks(results)
     columns = tasks + ["all"]
     # The Figure API (not pyplot) keeps no global state and needs no display.
@@ -214,7 +313,7 @@ def build_figure(results: Sequence[ModelEval]) -> Figure:
     ax.set_xticks(range(len(columns)), columns, rotation=20, ha="right")
     ax.set_ylim(0.0, 1.05)
     level = round(results[0].tasks[0].interval.level * 100)
-    ax.set_ylabel(f"success rate ({level} % Jeffreys interval)")
+    ax.set_ylabel(f"success rate ({level} % interval)")
     ax.legend()
     fig.tight_layout()
     return fig

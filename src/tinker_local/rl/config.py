@@ -92,6 +92,12 @@ Checkpoints and their retention
   retention on (`keep_best` alone: the K best and the newest stay); the newest checkpoint (the
   one a resume needs) and the final one are never deleted. The checkpoints' disk use is in `run_metadata.json` (`checkpoints`).
 
+When the task's code fails
+- `max_env_error_fraction=0.5`: an episode whose verifier or world raised is dropped from its
+  group, counted (`env/errors`) and its first traceback per step logged (`env_errors.py`); when
+  more than this share of a step's episodes fail, the task itself is broken and the run stops
+  with a message naming it and one example. 1.0 never stops; 0.0 stops at the first error.
+
 Tracking
 - `wandb_project=None`, `wandb_name=None` (default: the log dir's name), `wandb_group=None`,
   `tensorboard=False`:
@@ -201,6 +207,8 @@ class RLConfig:
     wandb_group: str | None = None  # W&B group (the pipeline groups its stages' runs)
     tensorboard: bool = False  # event files in <log_dir>/tensorboard
     debug_dump: bool = False  # per-step parquet of the trained tokens (rl/debug_dump.py)
+    # more than this share of a step's episodes failing in the task's code stops the run
+    max_env_error_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         checks = {
@@ -255,6 +263,8 @@ class RLConfig:
             "keep_last": self.keep_last is None
             or (isinstance(self.keep_last, int) and self.keep_last >= 1),
             "keep_best": isinstance(self.keep_best, int) and self.keep_best >= 0,
+            "max_env_error_fraction": _is_number(self.max_env_error_fraction)
+            and 0 <= self.max_env_error_fraction <= 1,
         }
         for name, ok in checks.items():
             if not ok:

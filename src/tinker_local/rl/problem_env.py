@@ -8,11 +8,17 @@ Scoring never blocks the event loop: a problem's `score_async(answer)` / a world
 `step_async(action)` is awaited when the task has one (the code tasks run their sandbox that
 way); otherwise the synchronous `score` / `step` runs in a worker thread. So the concurrent
 rollouts of a batch score concurrently instead of one after another.
+
+A `score` or `step` that raises (or answers a reward that is not a finite number, which would
+break the group's advantages) ends its episode alone: the step comes back done, with reward 0
+and the error attached (`StepResult.error`), and the loops decide what that episode counts for
+(`env_errors.py`: training drops it, evaluation scores it 0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +31,7 @@ from tinker_local.rendering import (
     render_prompt,
     stop_token_ids,
 )
+from tinker_local.rl.env_errors import failed_step
 from tinker_local.rl.truncation import keep_head_and_tail
 from tinker_local.rl.types import (
     Action,
@@ -54,6 +61,14 @@ async def score_answer(problem: SingleTurnProblem, answer: str) -> Score:
     return await asyncio.to_thread(problem.score, answer)
 
 
+def finite_reward(value: Any) -> float:
+    """A task's reward as a float; ValueError when it is not a finite number."""
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"the task answered a reward of {reward}, not a finite number")
+    return reward
+
+
 async def step_world(world: TextWorld, action: str) -> WorldStep:
     """`await world.step_async(action)` when the world has it, else `world.step` in a thread."""
     step_async = getattr(world, "step_async", None)
@@ -78,10 +93,13 @@ class ProblemEnv(Env):
         if self._done:
             raise RuntimeError("ProblemEnv is single-use: step() was already called")
         self._done = True
-        score = await score_answer(self.problem, decode_action(self.tokenizer, action))
-        return StepResult(
-            reward=float(score.reward), episode_done=True, metrics=dict(score.metrics)
-        )
+        text = decode_action(self.tokenizer, action)
+        try:
+            score = await score_answer(self.problem, text)
+            reward = finite_reward(score.reward)
+        except Exception as exc:  # noqa: BLE001 - the task's bug ends this episode, not the run
+            return failed_step(exc, "score", text)
+        return StepResult(reward=reward, episode_done=True, metrics=dict(score.metrics))
 
 
 class WorldEnv(Env):
@@ -119,20 +137,30 @@ class WorldEnv(Env):
             self.keep_first_tokens = len(self._context)
         return tinker.ModelInput.from_ints(self._context), stop_token_ids(self.tokenizer)
 
+    def world_failed(self) -> None:
+        """Called when the world's `step` raised; a world that others wait on (a debater)
+        releases them here."""
+
     async def step(self, action: Action) -> StepResult:
         if self._context is None:
             raise RuntimeError("WorldEnv.step() called before initial_observation()")
         if self._done:
             raise RuntimeError("WorldEnv: step() called after the episode ended")
         text = decode_action(self.tokenizer, action)
-        result = await step_world(self.world, text)
+        try:
+            result = await step_world(self.world, text)
+            reward = finite_reward(result.reward)
+        except Exception as exc:  # noqa: BLE001 - the task's bug ends this episode, not the run
+            self._done = True
+            self.world_failed()
+            return failed_step(exc, "step", text)
         self._turns += 1
         metrics = dict(result.metrics)
         done = result.done or self._turns >= self.world.max_turns
         if done:
             self._done = True
             metrics["turns"] = float(self._turns)
-            return StepResult(reward=float(result.reward), episode_done=True, metrics=metrics)
+            return StepResult(reward=reward, episode_done=True, metrics=metrics)
 
         self._messages += [
             {"role": "assistant", "content": text},
@@ -155,7 +183,7 @@ class WorldEnv(Env):
         metrics["context_truncated"] = truncated
         self._context = tokens
         return StepResult(
-            reward=float(result.reward),
+            reward=reward,
             episode_done=False,
             next_observation=tinker.ModelInput.from_ints(tokens),
             next_stop_condition=stop_token_ids(self.tokenizer),

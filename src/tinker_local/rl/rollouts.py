@@ -2,6 +2,10 @@
 
 A rollout records exactly what the sampler returned (token ids and their logprobs), so the
 training data is built from the tokens the model produced, never from re-encoded text.
+
+An episode whose task raised (a verifier, a world's step, or the group's rewards: see
+`env_errors.py`) is dropped from its group like a rejected sample, with its error kept in
+`TrajectoryGroup.errors`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any, Protocol
 import tinker
 
 from tinker_local.rl.advantages import kept_indices
-from tinker_local.rl.types import Env, EnvGroupBuilder, StopCondition
+from tinker_local.rl.env_errors import capture, tagged
+from tinker_local.rl.types import Env, EnvGroupBuilder, EpisodeError, StopCondition
 
 
 class SamplerLike(Protocol):
@@ -35,6 +40,7 @@ class Transition:
     done: bool
     metrics: dict[str, float] = field(default_factory=dict)
     stop_reason: str = ""
+    error: EpisodeError | None = None  # the task raised on this action (the episode's last)
 
 
 @dataclass
@@ -44,6 +50,10 @@ class Trajectory:
     @property
     def total_reward(self) -> float:
         return sum(t.reward for t in self.transitions)
+
+    @property
+    def error(self) -> EpisodeError | None:
+        return self.transitions[-1].error if self.transitions else None
 
     @property
     def num_action_tokens(self) -> int:
@@ -58,6 +68,7 @@ class TrajectoryGroup:
     the losers of a rejection step) are not in `trajectories` / `rewards`, so the group baseline
     and the training data come from the kept episodes only; they are kept in `excluded` (with
     their per-step totals in `excluded_rewards`) for inspection. A group can end up empty.
+    Episodes whose task raised are excluded too; `errors` holds one `EpisodeError` for each.
     """
 
     trajectories: list[Trajectory]
@@ -67,6 +78,7 @@ class TrajectoryGroup:
     env_seconds: float = 0.0  # time spent inside env.step / group rewards (scoring)
     excluded: list[Trajectory] = field(default_factory=list)
     excluded_rewards: list[float] = field(default_factory=list)
+    errors: list[EpisodeError] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         """Per-episode env metrics, averaged over the group."""
@@ -137,6 +149,7 @@ async def _run_episode(
                 done=result.episode_done,
                 metrics=dict(result.metrics),
                 stop_reason=stop_reason,
+                error=result.error,
             )
         )
         if result.episode_done:
@@ -193,15 +206,29 @@ async def rollout_group(
     trajectories = [traj for traj, _ in results]
     env_seconds = sum(s for _, s in results)
     started = time.perf_counter()
-    group_rewards = await builder.compute_group_rewards(
-        [[t.action for t in traj.transitions] for traj in trajectories]
-    )
+    group_error = None
+    try:
+        group_rewards = list(
+            await builder.compute_group_rewards(
+                [[t.action for t in traj.transitions] for traj in trajectories]
+            )
+        )
+    except Exception as exc:  # noqa: BLE001 - the task's bug fails this group, not the run
+        group_error = capture(exc, "group rewards")
+        group_rewards = [None] * len(trajectories)
     env_seconds += time.perf_counter() - started
     if len(group_rewards) != len(trajectories):
         raise RuntimeError(
             f"compute_group_rewards returned {len(group_rewards)} rewards "
             f"for {len(trajectories)} trajectories"
         )
+    tags = list(builder.logging_tags())
+    errors = []
+    for i, traj in enumerate(trajectories):
+        error = traj.error or group_error
+        if error is not None:  # dropped like a rejected sample (env_errors.py says why)
+            group_rewards[i] = None
+            errors.append(tagged(error, tags))
     kept = kept_indices(group_rewards)
     dropped = [i for i in range(len(trajectories)) if i not in set(kept)]
     rewards = [
@@ -210,11 +237,12 @@ async def rollout_group(
     return TrajectoryGroup(
         trajectories=[trajectories[i] for i in kept],
         rewards=rewards,
-        tags=list(builder.logging_tags()),
+        tags=tags,
         sampler_step=sampler_step,
         env_seconds=env_seconds,
         excluded=[trajectories[i] for i in dropped],
         excluded_rewards=[trajectories[i].total_reward for i in dropped],
+        errors=errors,
     )
 
 

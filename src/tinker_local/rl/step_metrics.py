@@ -10,6 +10,10 @@ tasks' values (`eval/success_rate_unweighted`, `eval/reward_unweighted`).
 
 An episode's success is the verifier's verdict when the task reports one (a `correct` or
 `success` metric, as in `eval/runner.py`), else a positive total reward.
+
+Episodes whose task raised (`env_errors.py`) are counted: `env/errors` and `env/error_fraction`
+in training, where they were dropped from their groups; in evaluation (`eval/env_errors`) they
+score 0 and are not successes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from tinker_local.intervals import DEFAULT_LEVEL, jeffreys_interval
 from tinker_local.rl.advantages import is_constant
 from tinker_local.rl.data import TrainSequence
+from tinker_local.rl.env_errors import error_metrics
 from tinker_local.rl.rollouts import Trajectory, TrajectoryGroup
 
 VERDICT_METRICS = ("correct", "success")
@@ -41,10 +46,12 @@ def _env_metric_means(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
 
 
 def rollout_metrics(groups: Sequence[TrajectoryGroup], step: int) -> dict[str, float]:
-    """Reward statistics (overall and per tag), env metrics, constant groups, tokens, staleness."""
+    """Reward statistics (overall and per tag), env metrics, constant groups, tokens, staleness,
+    and the episodes whose task raised."""
+    errors = error_metrics(groups)
     rewards = [r for g in groups for r in g.rewards]
     if not rewards:
-        return {}
+        return errors if errors["env/errors"] else {}
     out: dict[str, float] = {
         "reward/mean": _mean(rewards),
         "reward/std": statistics.pstdev(rewards),
@@ -71,6 +78,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup], step: int) -> dict[str, f
     staleness = [float(step - g.sampler_step) for g in groups]
     out["off_policy/staleness_mean"] = _mean(staleness)
     out["off_policy/staleness_max"] = max(staleness)
+    out.update(errors)
     return out
 
 
@@ -142,19 +150,25 @@ def eval_metrics(
 ) -> dict[str, float]:
     """Greedy evaluation: mean reward, the mean of every env metric (e.g. `eval/correct`) and
     the success rate with its Jeffreys interval, pooled and per task (see the module doc)."""
-    rewards = [r for g in groups for r in g.rewards]
-    out = {"eval/reward": _mean(rewards), "eval/n": float(len(rewards))}
-    out.update({f"eval/{k}": v for k, v in _env_metric_means(groups).items()})
+
+    def scores(gs: Sequence[TrajectoryGroup]) -> list[float]:
+        return [r for g in gs for r in g.rewards] + [0.0 for g in gs for _ in g.errors]
 
     def flags(gs: Sequence[TrajectoryGroup]) -> list[bool]:
-        return [episode_success(t, r) for g in gs for t, r in zip(g.trajectories, g.rewards)]
+        scored = [episode_success(t, r) for g in gs for t, r in zip(g.trajectories, g.rewards)]
+        return scored + [False for g in gs for _ in g.errors]
+
+    rewards = scores(groups)
+    out = {"eval/reward": _mean(rewards), "eval/n": float(len(rewards))}
+    out.update({f"eval/{k}": v for k, v in _env_metric_means(groups).items()})
+    out["eval/env_errors"] = float(sum(len(g.errors) for g in groups))
 
     out.update(_success_metrics("eval/", flags(groups), level))
     tasks = _by_tag(groups)
     task_rates, task_rewards = [], []
     for tag, tagged in tasks.items():
         prefix = f"eval_task/{tag}/"
-        tagged_rewards = [r for g in tagged for r in g.rewards]
+        tagged_rewards = scores(tagged)
         out[prefix + "n"] = float(len(tagged_rewards))
         out[prefix + "reward"] = _mean(tagged_rewards)
         out.update({prefix + k: v for k, v in _env_metric_means(tagged).items()})

@@ -36,6 +36,7 @@ from tinker_local.rl.critic import Critic, open_value_client
 from tinker_local.rl.data import TrainSequence, output_logprobs, to_forward_datum
 from tinker_local.rl.debug_dump import StepDump
 from tinker_local.rl.early_stopping import EarlyStopping
+from tinker_local.rl.env_errors import check_error_fraction, log_first_error
 from tinker_local.rl.group_source import GroupSource
 from tinker_local.rl.learning_rate import (
     adam_params,
@@ -214,6 +215,7 @@ class Trainer:
         rollout_started = time.perf_counter()
         self.reference.new_step()
         groups, train_values = await self.train_stream(step, source.groups(step, sampler))
+        log_first_error(step, groups)
         self.data_cursor = source.data_cursor(step)
         values.update(rollout_metrics(groups, step))
         values.update(train_values)
@@ -294,6 +296,7 @@ class Trainer:
         started = time.perf_counter()
         builders = [b for i in range(len(self.test_data)) for b in self.test_data.get_batch(i)]
         groups = await asyncio.gather(*(rollout_group(b, sampler, self.greedy) for b in builders))
+        log_first_error(step, groups, during="evaluation")
         values = eval_metrics(groups)
         values["eval/time"] = time.perf_counter() - started
         self.log.log(step, values)
@@ -329,6 +332,8 @@ class Trainer:
             groups.append(group)
             pending.append(group)
             if len(pending) == per_minibatch or len(groups) == self.cfg.batch_size:
+                # A task failing on most episodes stops the run before it trains on the rest.
+                check_error_fraction(groups, self.cfg.max_env_error_fraction, step=step)
                 rows.append(await self.train_minibatch(pending))
                 pending = []
         merged = merge_minibatch_metrics(rows)

@@ -20,6 +20,18 @@ StopCondition = list[int] | list[str] | None
 
 
 @dataclass
+class EpisodeError:
+    """The task's own code (a verifier, a world's step, a group's rewards) raised on what the
+    model wrote. The episode ends there; `env_errors.py` says what happens to it."""
+
+    where: str  # what raised: "score", "step" or "group rewards"
+    error: str  # "ValueError: ...", shortened
+    traceback: str
+    text: str = ""  # the model text it was given, shortened
+    task: str = ""  # the group's first logging tag, when the group knows it
+
+
+@dataclass
 class StepResult:
     reward: float
     episode_done: bool
@@ -28,6 +40,8 @@ class StepResult:
     next_observation: tinker.ModelInput | None = None
     next_stop_condition: StopCondition = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # Set when the task's code raised: the episode is done, its reward means nothing.
+    error: EpisodeError | None = None
 
 
 class Env(ABC):
@@ -99,6 +113,12 @@ class SingleTurnProblem(ABC):
     def reference_answer(self) -> str | None:
         """A known-good answer (for SFT data collection and tests), when one exists."""
         return None
+
+    def answer_key(self, answer: str) -> str | None:
+        """What the decoded answer answers, for majority voting over samples (maj@k): two
+        answers with the same key count as the same answer; None means no answer. Default: the
+        text with whitespace normalised; tasks that parse a final answer return that."""
+        return " ".join(answer.split()) or None
 
 
 @dataclass

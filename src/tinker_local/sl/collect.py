@@ -9,6 +9,11 @@
 
 Data is drawn from the tasks' training split, never the held-out test split that `eval` uses.
 Output: chat JSONL (`{"messages": [...], "task": ..., "reward": ...}`), ready for `tinker-local sft`.
+
+A verifier or world step that raises rejects its item ("the task's score raised ValueError"),
+with the first traceback per task logged; when more than `max_error_fraction` (0.5) of a task's
+items fail that way, collection stops with `TooManyEnvErrors` naming the task and one example
+(`rl/env_errors.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinker_local.rl.types import Message, SingleTurnProblem, TextWorld
+from tinker_local.rl.env_errors import capture, log_first, stop_if_too_many, tagged
+from tinker_local.rl.types import EpisodeError, Message, SingleTurnProblem, TextWorld
+
+MAX_ERROR_FRACTION = 0.5
 
 
 @dataclass
@@ -28,14 +36,18 @@ class Rejected:
     task: str
     index: int
     reason: str
+    error: EpisodeError | None = None  # the task's own code raised
 
 
-def problem_record(problem: SingleTurnProblem) -> dict[str, Any] | str:
-    """The record for one problem, or the reason it has none."""
+def problem_record(problem: SingleTurnProblem) -> dict[str, Any] | str | EpisodeError:
+    """The record for one problem, the reason it has none, or the error its verifier raised."""
     answer = problem.reference_answer()
     if answer is None:
         return "no reference answer"
-    score = problem.score(answer)
+    try:
+        score = problem.score(answer)
+    except Exception as exc:  # noqa: BLE001 - one item's verifier bug rejects that item
+        return capture(exc, "score", answer)
     correct = score.metrics.get("correct", 1.0 if score.reward > 0 else 0.0)
     if correct <= 0:
         return f"the verifier rejects the reference answer (reward {score.reward})"
@@ -43,13 +55,17 @@ def problem_record(problem: SingleTurnProblem) -> dict[str, Any] | str:
     return {"messages": messages, "reward": score.reward}
 
 
-def world_record(world: TextWorld) -> dict[str, Any] | str:
-    """The expert's whole episode as one conversation, or the reason it has none."""
+def world_record(world: TextWorld) -> dict[str, Any] | str | EpisodeError:
+    """The expert's whole episode as one conversation, the reason it has none, or the error
+    the world's step raised."""
     messages: list[Message] = list(world.reset())
     total = 0.0
     for _ in range(world.max_turns):
         action = world.expert_action()
-        step = world.step(action)
+        try:
+            step = world.step(action)
+        except Exception as exc:  # noqa: BLE001 - one item's world bug rejects that item
+            return capture(exc, "step", action)
         total += step.reward
         messages.append({"role": "assistant", "content": action})
         if step.done:
@@ -64,10 +80,13 @@ def world_record(world: TextWorld) -> dict[str, Any] | str:
 
 
 def collect_records(
-    tasks: Mapping[str, Sequence[Any]],
+    tasks: Mapping[str, Sequence[Any]], *, max_error_fraction: float = MAX_ERROR_FRACTION
 ) -> Iterator[tuple[dict[str, Any] | None, Rejected | None]]:
-    """One (record, None) or (None, rejection) per item; items are problems or world factories."""
+    """One (record, None) or (None, rejection) per item; items are problems or world factories.
+    Items whose task raised are rejections; after each task, more than `max_error_fraction` of
+    them raises `TooManyEnvErrors`."""
     for task, items in tasks.items():
+        errors: list[EpisodeError] = []
         for index, item in enumerate(items):
             if isinstance(item, SingleTurnProblem):
                 outcome = problem_record(item)
@@ -75,10 +94,17 @@ def collect_records(
                 outcome = world_record(item())
             else:
                 raise TypeError(f"task {task!r} item {index}: not a problem or world factory")
-            if isinstance(outcome, str):
+            if isinstance(outcome, EpisodeError):
+                errors.append(tagged(outcome, [task]))
+                reason = f"the task's {outcome.where} raised {outcome.error.split(':')[0]}"
+                yield None, Rejected(task, index, reason, errors[-1])
+            elif isinstance(outcome, str):
                 yield None, Rejected(task, index, outcome)
             else:
                 yield {**outcome, "task": task, "index": index}, None
+        context = f"collect, task {task!r}"
+        log_first(errors, len(items), context=context, outcome="those items were rejected")
+        stop_if_too_many(errors, len(items), max_error_fraction, context=context)
 
 
 def write_collection(tasks: Mapping[str, Sequence[Any]], out: Path) -> dict[str, Any]:

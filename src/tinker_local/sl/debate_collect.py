@@ -13,6 +13,11 @@ Ties keep neither side. The judge is the task's own verifier (`RuleJudge`) or a 
 Output: chat JSONL, one line per winning side:
 `{"messages": [...], "task": "debate-<task>", "index": i, "side": "A"|"B", "reward": 1.0,
 "judge_scores": [a, b]}`.
+
+A judge that raises (the rule judge is the task's verifier, run on what the debaters wrote)
+rejects that debate, with the first traceback per task logged; more than `max_error_fraction`
+(0.5) of a task's debates failing that way stops collection with `TooManyEnvErrors`
+(`rl/env_errors.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tinker_local.rl.types import Message, SingleTurnProblem
+from tinker_local.rl.env_errors import capture, log_first, stop_if_too_many, tagged
+from tinker_local.rl.types import EpisodeError, Message, SingleTurnProblem
+from tinker_local.sl.collect import MAX_ERROR_FRACTION
 from tinker_local.tasks.debate import (
     SIDES,
     DebaterWorld,
@@ -32,8 +39,29 @@ from tinker_local.tasks.debate import (
     Policy,
     RuleJudge,
     Verdict,
+    final_answer,
     make_debate_worlds,
 )
+
+
+class _JudgeFailed(Exception):
+    def __init__(self, error: EpisodeError):
+        super().__init__(error.error)
+        self.error = error
+
+
+def _contained(judge: Judge) -> Judge:
+    """`judge`, whose exceptions become `_JudgeFailed` (so a policy's failure still raises)."""
+
+    async def judged(problem: SingleTurnProblem, a: Any, b: Any) -> Verdict:
+        try:
+            return await judge(problem, a, b)
+        except Exception as exc:  # this debate's judging failed, not the collection
+            answers = [final_answer(side[-1]) if side else "" for side in (a, b)]
+            error = capture(exc, "judge", f"A: {answers[0]} | B: {answers[1]}")
+            raise _JudgeFailed(error) from exc
+
+    return judged
 
 
 async def _play_side(world: DebaterWorld, policy: Policy) -> list[Message]:
@@ -75,13 +103,19 @@ async def collect_debate_winners(
     *,
     rounds: int = 2,
     concurrency: int = 8,
+    max_error_fraction: float = MAX_ERROR_FRACTION,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:
     """The winners' conversations and the rejections (task, index, reason), in item order."""
     limit = asyncio.Semaphore(concurrency)
+    errors: dict[str, list[EpisodeError]] = {task: [] for task in tasks}
 
     async def one(task: str, index: int, problem: SingleTurnProblem):
         async with limit:
-            (a, b), verdict = await play_debate(problem, policy, judge, rounds)
+            try:
+                (a, b), verdict = await play_debate(problem, policy, _contained(judge), rounds)
+            except _JudgeFailed as failed:
+                errors[task].append(tagged(failed.error, [task]))
+                return None, (task, index, f"the judge raised {failed.error.error.split(':')[0]}")
         if verdict.winner is None:
             return None, (task, index, tie_reason(judge, verdict))
         record = {
@@ -101,6 +135,10 @@ async def collect_debate_winners(
     outcomes = await asyncio.gather(
         *(one(t, i, p) for t, items in tasks.items() for i, p in enumerate(items))
     )
+    for task, items in tasks.items():
+        context = f"debate collect, task {task!r}"
+        log_first(errors[task], len(items), context=context, outcome="those debates were rejected")
+        stop_if_too_many(errors[task], len(items), max_error_fraction, context=context)
     records = [r for r, _ in outcomes if r is not None]
     rejections = [x for _, x in outcomes if x is not None]
     return records, rejections

@@ -18,6 +18,7 @@ from typing import Any
 
 from tinker_local.rl.problem_env import ProblemDataset, ProblemGroupBuilder
 from tinker_local.rl.types import EnvGroupBuilder, Message, RLDataset, Score, SingleTurnProblem
+from tinker_local.tasks.model_text import number_too_long
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _INTEGER = re.compile(r"-?\d[\d,]*")
@@ -50,13 +51,20 @@ class ArithmeticProblem(SingleTurnProblem):
     def reference_answer(self) -> str:
         return str(self.result)
 
+    def answer_key(self, answer: str) -> str | None:
+        found = parse_last_integer(answer)  # what `score` grades
+        return None if found is None else str(found)
+
 
 def parse_last_integer(text: str) -> int | None:
-    """The last integer written in `text` ("1,234" counts as 1234), or None when there is none."""
-    matches = _INTEGER.findall(text)
-    if not matches:
+    """The last integer written in `text` ("1,234" counts as 1234), or None when there is none
+    or it is too long to be read as a number (`model_text.MAX_NUMBER_CHARS`)."""
+    last = None
+    for match in _INTEGER.finditer(text):
+        last = match
+    if last is None or number_too_long(last.group(0)):
         return None
-    digits = matches[-1].replace(",", "")
+    digits = last.group(0).replace(",", "")
     return int(digits) if digits not in ("", "-") else None
 
 

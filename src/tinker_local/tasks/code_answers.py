@@ -2,7 +2,8 @@
 the sandbox-verified tasks share.
 
 Shared by the code tasks (abduction, deduction, repository repair). Every text function here
-takes arbitrary model text and never raises. `SandboxScored` is the common `score` /
+takes arbitrary model text, never raises and runs in time linear in its length.
+`SandboxScored` is the common `score` /
 `score_async` of abduction and deduction (parse the answer, run it in the sandbox, judge), and
 `load_code_programs` their common data source (built-in generator or a local rl-python copy).
 """
@@ -18,11 +19,21 @@ from pathlib import Path
 
 from tinker_local.rl.types import Score
 from tinker_local.sandbox import SandboxConfig, SandboxResult, run_python, run_python_sync
+from tinker_local.tasks.model_text import tag_blocks
 from tinker_local.tasks.program_bank import CodeProgram, generate_program
 from tinker_local.tasks.rl_python import load_rl_python
 
+# An unclosed block runs to the end, so the lazy scan is linear: it stops at the first closer.
 _THINK = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|$)", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# The info string stops at a backtick (as in CommonMark): `[^\n]*` would rescan a whole line
+# from every "```" on it (quadratic on a long line of fences).
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n`]*\n(.*?)```", re.DOTALL)
+# What ast.parse raises on text that is not Python: besides SyntaxError and ValueError (NUL),
+# deep nesting ("-" * 100_000 + "1") gives MemoryError or RecursionError.
+_NOT_PYTHON = (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError)
+# Parsing is linear but heavy (about 5 s for 1 MB on a busy machine): a bare answer longer than
+# this is not taken for code. Fenced code has no such cap (the sandbox's limits bound its run).
+MAX_BARE_CODE_CHARS = 100_000
 
 
 def strip_thinking(text: str) -> str:
@@ -33,8 +44,9 @@ def strip_thinking(text: str) -> str:
 def extract_tagged(text: str, tag: str) -> str | None:
     """The content of the last `<TAG>...</TAG>` block (case-insensitive), outer blank lines and
     trailing spaces removed; None when there is none."""
-    pattern = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
-    blocks = pattern.findall(strip_thinking(text))
+    opening = re.compile(rf"<{re.escape(tag)}>", re.IGNORECASE)
+    closing = re.compile(rf"</{re.escape(tag)}>", re.IGNORECASE)
+    blocks = tag_blocks(strip_thinking(text), opening, closing)
     if not blocks:
         return None
     lines = [line.rstrip() for line in blocks[-1].split("\n")]
@@ -47,18 +59,19 @@ def extract_tagged(text: str, tag: str) -> str | None:
 
 def extract_code(text: str) -> str | None:
     """The last ```python fenced block (else the last fenced block of any language); failing
-    that, the whole answer if it is valid multi-line Python. None when there is no code."""
+    that, the whole answer if it is valid multi-line Python (and at most `MAX_BARE_CODE_CHARS`
+    long). None when there is no code."""
     body = strip_thinking(text)
     blocks = _FENCE.findall(body)
     if blocks:
         python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
         return (python or [code for _, code in blocks])[-1]
     stripped = body.strip()
-    if "\n" not in stripped:
+    if "\n" not in stripped or len(stripped) > MAX_BARE_CODE_CHARS:
         return None
     try:
         ast.parse(stripped)
-    except (SyntaxError, ValueError):
+    except _NOT_PYTHON:
         return None
     return stripped + "\n"
 

@@ -121,7 +121,10 @@ class CraftingWorld(ActionWorld):
         arg = action.arg.lower().strip().rstrip(".")
         if action.verb == "get":
             match = re.fullmatch(r"(?:(\d+)\s*(?:x\s*)?)?(.+)", arg)
-            count, name = (int(match.group(1) or 1), match.group(2).strip()) if match else (1, "")
+            digits, name = (match.group(1) or "1", match.group(2).strip()) if match else ("1", "")
+            if len(digits) > 2:  # never int() a run of thousands of digits: it raises
+                raise InvalidAction("you can get between 1 and 4 at a time.")
+            count = int(digits)
             if name not in RESOURCES and name.endswith("s"):
                 name = name[:-1]  # "2 oak logs"
             if name not in RESOURCES:

@@ -219,6 +219,12 @@ class DebaterWorld(TextWorld):
     async def wait_for_opponent(self) -> None:
         await self.coordinator.opponent(self.side, self.round)
 
+    def forfeit(self) -> None:
+        """Give up the remaining rounds (empty arguments), so the opponent never waits for an
+        episode that has ended (the RL loop calls it when this side's step raised)."""
+        while len(self.coordinator.arguments[self.side]) < self.coordinator.rounds:
+            self.coordinator.submit(self.side, "")
+
     async def step_async(self, action: str) -> WorldStep:
         self.submit(action)
         await self.wait_for_opponent()

@@ -48,6 +48,9 @@ class DebaterEnv(WorldEnv):
 
     world: DebaterWorld
 
+    def world_failed(self) -> None:
+        self.world.forfeit()  # the opponent must not wait for this ended episode
+
 
 class DebateGroupBuilder(EnvGroupBuilder):
     def __init__(

@@ -67,13 +67,14 @@ def _call_code(program: str, fn_name: str, args_json: str) -> str:
 
 
 def returned_value(stdout: str) -> tuple[bool, object]:
-    """(found, value) of the harness's last result line."""
+    """(found, value) of the harness's last result line. The line is the program's output, so
+    anything: JSON nested past the recursion limit or an int past 4,300 digits is no value."""
     lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_MARK)]
     if not lines:
         return False, None
     try:
         return True, json.loads(lines[-1][len(RESULT_MARK) :])
-    except ValueError:
+    except (ValueError, RecursionError):
         return False, None
 
 

@@ -62,7 +62,7 @@ R1_ZERO_SYSTEM = (
     "<think> reasoning </think> <answer> 42 </answer>"
 )
 
-_R1_FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+_THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class GSM8KProblem(SingleTurnProblem):
         found = extract_answer(answer)
         correct = numbers_equal(parse_number(found.text), self.reference)
         if self.r1_zero:
-            formatted = _R1_FORMAT.fullmatch(answer) is not None
+            formatted = r1_formatted(answer)
         else:
             formatted = found.source in ("answer_tag", "boxed")
         reward = CORRECT_WEIGHT * correct + FORMAT_WEIGHT * formatted
@@ -100,6 +100,17 @@ class GSM8KProblem(SingleTurnProblem):
         if self.r1_zero:
             return f"<think>{steps}</think> <answer>{number}</answer>"
         return f"{steps}\n<answer>{number}</answer>"
+
+
+def r1_formatted(answer: str) -> bool:
+    """The whole reply is `<think>...</think>` then `<answer>...</answer>`, whitespace aside:
+    the full match of `\\s*<think>.*?</think>\\s*<answer>.*?</answer>\\s*`, in linear time (that
+    regex retries from every `</think>`, quadratic on a reply full of tags)."""
+    text = answer.strip()
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return False
+    inside = text[len("<think>") : len(text) - len("</answer>")]
+    return _THINK_THEN_ANSWER.search(inside) is not None
 
 
 # --- data -------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
     make = mixture.datasets(batch_size=8, group_size=8, seed=0, options={"sat": {"n": 200}})
     train, test = make(tokenizer)          # what `rl.train.run` takes as `make_datasets`
 
-Spec: comma-separated `TASK:WEIGHT` (tasks of the registry, or the `debate` paradigm), weights
+Spec: comma-separated `TASK:WEIGHT` (tasks of the registry, the `debate` paradigm, or a user's
+`package.module:factory`, whose weight follows a second colon), weights
 positive numbers normalised to sum to 1; `TASK` alone, for one task or for equal weights when
 no task has one. Anything else is a ValueError that names the spec and the bad part.
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker_local.rl.types import EnvGroupBuilder, RLDataset
-from tinker_local.tasks import registry
+from tinker_local.tasks import registry, user_task
 from tinker_local.tasks.curriculum import curriculum_dataset, without_curriculum
 
 DatasetsMaker = Callable[[Any], tuple[RLDataset, RLDataset]]
@@ -55,7 +56,9 @@ class TaskMixture:
             raise ValueError("a task mixture needs at least one task")
         names = [name for name, _ in self.weights]
         for name in names:
-            if name not in registry.TASKS and name not in registry.PARADIGMS:
+            if user_task.is_spec(name):
+                user_task.load_factory(name)  # a missing module or non-task: named now
+            elif name not in registry.TASKS and name not in registry.PARADIGMS:
                 raise ValueError(f"unknown task {name!r} (known: {', '.join(known_tasks())})")
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -76,17 +79,17 @@ class TaskMixture:
         parts = [p.strip() for p in spec.split(",")]
         if any(not p for p in parts):
             raise ValueError(f"bad task mixture {spec!r}: an empty entry between commas")
-        weighted = [":" in p for p in parts]
+        weighted = [_weighted(p) for p in parts]
         if any(weighted) and not all(weighted):
             raise ValueError(
                 f"bad task mixture {spec!r}: give every task a weight (TASK:WEIGHT) or none"
             )
         entries: list[tuple[str, float]] = []
         for part in parts:
-            if ":" not in part:
+            if not _weighted(part):
                 entries.append((part, 1.0))
                 continue
-            name, _, text = part.partition(":")
+            name, _, text = part.rpartition(":")
             name, text = name.strip(), text.strip()
             if not name:
                 raise ValueError(f"bad task mixture {spec!r}: {part!r} names no task")
@@ -99,7 +102,9 @@ class TaskMixture:
             entries.append((name, weight))
         try:
             return TaskMixture(tuple(entries))
-        except ValueError as error:
+        except (ValueError, TypeError) as error:
+            if len(entries) == 1 and user_task.is_spec(entries[0][0]):
+                raise  # one user task: its own message says it all
             raise ValueError(f"bad task mixture {spec!r}: {error}") from None
 
     @staticmethod
@@ -127,8 +132,8 @@ class TaskMixture:
         return ",".join(f"{name}:{weight:g}" for name, weight in self.weights)
 
     def slug(self) -> str:
-        """A folder-name form: `sat+abduction+deduction`."""
-        return "+".join(self.names)
+        """A folder-name form: `sat+abduction+deduction` (`mytasks-make` for `mytasks:make`)."""
+        return "+".join(name.replace(":", "-") for name in self.names)
 
     def eval_tasks(self, options: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
         """The registry tasks a side-by-side evaluation of this mixture covers (debate runs
@@ -205,6 +210,19 @@ class TaskMixture:
         return make
 
 
+def _weighted(part: str) -> bool:
+    """`TASK:WEIGHT`: the text after the last colon is a number, or what is before it a
+    built-in task (so `sat:x` is a bad weight, while `mytasks:make` names a user task)."""
+    head, colon, tail = part.rpartition(":")
+    if not colon:
+        return False
+    try:
+        float(tail)
+        return True
+    except ValueError:
+        return head.strip() in registry.TASKS or head.strip() in registry.PARADIGMS
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -218,6 +236,11 @@ def split_options(
     out: dict[str, dict[str, Any]] = {name: {} for name in mixture.names}
     for key, value in items:
         prefix, dot, rest = key.partition(".")
+        # a user task's name has dots of its own: `mytasks.math:make.n` is option `n`
+        named = [n for n in out if key.startswith(n + ".") and len(key) > len(n) + 1]
+        if named:
+            prefix = max(named, key=len)
+            rest = key[len(prefix) + 1 :]
         if dot and prefix in out and rest:
             out[prefix][rest] = value
         elif dot and prefix and rest and not mixture.single:

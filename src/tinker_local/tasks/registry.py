@@ -1,5 +1,7 @@
 """The task registry: every built-in task by name, for Python and the `tasks` / `rl` commands.
 
+A user's own task needs no line here: `package.module:factory` names it (`user_task`).
+
 Adding a task is one file (a module with `make_problems(split, n, *, seed, ...)` returning
 `SingleTurnProblem`s, or `make_worlds(split, n, *, seed, ...)` returning zero-argument builders
 of fresh `TextWorld`s; its docstring documents prompt format, reward and defaults) plus one line
@@ -15,6 +17,8 @@ from __future__ import annotations
 import importlib
 import inspect
 from typing import Any
+
+from tinker_local.tasks import user_task
 
 # name -> (one-line description, "module:factory")
 TASKS: dict[str, tuple[str, str]] = {
@@ -74,6 +78,8 @@ PARADIGMS = {
 
 
 def _resolve(name: str) -> Any:
+    if user_task.is_spec(name):
+        return user_task.load_factory(name)
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     module_name, func_name = TASKS[name][1].split(":")
@@ -86,13 +92,18 @@ def _resolve(name: str) -> Any:
 
 def task_kind(name: str) -> str:
     """ "problems" (a list of SingleTurnProblem) or "worlds" (builders of fresh TextWorlds)."""
+    if user_task.is_spec(name):
+        return user_task.kind(name)
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return "worlds" if TASKS[name][1].endswith(":make_worlds") else "problems"
 
 
 def get_task(name: str, **kwargs: Any) -> list[Any]:
-    """Call task `name`'s factory: `split` ("train"/"test"), `n`, `seed` and task options."""
+    """Call task `name`'s factory: `split` ("train"/"test"), `n`, `seed` and task options.
+    `name` is a built-in task or a user's `package.module:factory` (`user_task`)."""
+    if user_task.is_spec(name):
+        return user_task.make_items(name, **kwargs)
     return list(_resolve(name)(**kwargs))
 
 
@@ -145,7 +156,7 @@ def make_dataset(
     items = get_task(name, split=split, n=count, seed=seed, **options)
     return build_dataset(
         name,
-        task_kind(name),
+        user_task.kind_of(name, items) if user_task.is_spec(name) else task_kind(name),
         items,
         tokenizer,
         split=split,
@@ -204,5 +215,7 @@ def _debate_dataset(
 
 def describe(name: str) -> str:
     """The task module's docstring: prompt format, reward and defaults."""
+    if user_task.is_spec(name):
+        return user_task.describe(name)
     module = importlib.import_module(TASKS[name][1].split(":")[0])
     return inspect.cleandoc(module.__doc__ or TASKS[name][0])

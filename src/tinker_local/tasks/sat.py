@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from tinker_local.rl.types import Message, Score, SingleTurnProblem
+from tinker_local.tasks.model_text import drop_blocks
 
 _VALUE = {
     "true": True,
@@ -31,17 +32,21 @@ _VALUE = {
     "0": False,
     "no": False,
 }
+# At most 9 digits: a longer variable number is no variable of any formula (and never reaches
+# int(), which refuses more than 4,300 digits).
 _ASSIGNMENT = re.compile(
-    r"\bx\s*(\d+)\s*(?:=|:|is|->)\s*(true|false|yes|no|t|f|1|0)\b", re.IGNORECASE
+    r"\bx\s*(\d{1,9})\s*(?:=|:|is|->)\s*(true|false|yes|no|t|f|1|0)\b", re.IGNORECASE
 )
-_THINK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL | re.IGNORECASE)
+_THINK_OPEN = re.compile(r"<think(?:ing)?>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
 
 SYSTEM_PROMPT = "You are a careful logician. Solve the problem and give the final answer."
 
 
 def parse_assignment(text: str) -> dict[int, bool]:
-    """Variable number -> value, from free text; never raises."""
-    text = _THINK.sub(" ", text or "")
+    """Variable number -> value, from free text (closed `<think>` blocks dropped); never
+    raises, linear in the text's length."""
+    text = drop_blocks(text or "", _THINK_OPEN, _THINK_CLOSE, unclosed_to_end=False, sep=" ")
     return {int(var): _VALUE[val.lower()] for var, val in _ASSIGNMENT.findall(text)}
 
 

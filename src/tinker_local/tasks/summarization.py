@@ -8,8 +8,10 @@ and compression_score is 1.0 when summary_words / passage_words <= target_ratio,
 linearly to 0.0 at ratio 1.0. Multiplying (rather than adding) means an empty or unrelated
 summary earns nothing for being short. Lengths are counted in words of the decoded text; the
 trained tokens are never re-encoded. Defaults: alpha 0.3, target_ratio 0.35. `<think>` blocks
-are dropped before scoring. Metrics: rouge1, rouge2, rougeL, compression_ratio,
-compression_score, empty.
+are dropped before scoring. A reply more than `MAX_LENGTH_RATIO` (4) times the passage's length
+(in words, or in characters) is no summary: reward 0 with `too_long` 1, without running ROUGE
+on it (which takes seconds on a megabyte; its F1 there is near 0 anyway). Metrics: rouge1,
+rouge2, rougeL, compression_ratio, compression_score, empty, too_long.
 Data: procedurally generated passages (built in, offline): a few key-fact sentences (which the
 reference summary restates) mixed with filler detail, over several domains.
 """
@@ -146,6 +148,9 @@ _DOMAINS: dict[str, tuple[dict[str, tuple[str, ...]], list[str], list[str], str]
 }
 
 
+MAX_LENGTH_RATIO = 4.0
+
+
 @dataclass
 class SummarizationProblem(SingleTurnProblem):
     passage: str
@@ -163,23 +168,25 @@ class SummarizationProblem(SingleTurnProblem):
         return [{"role": "user", "content": user}]
 
     def score(self, answer: str) -> Score:
-        summary = " ".join(strip_thinking(answer or "").split())
-        if not summary:
+        words = strip_thinking(answer or "").split()
+        ratio = len(words) / len(self.passage.split())
+        characters = sum(map(len, words))
+        if not words or max(ratio, characters / len(self.passage)) > MAX_LENGTH_RATIO:
             return Score(
                 0.0,
                 {
                     "rouge1": 0.0,
                     "rouge2": 0.0,
                     "rougeL": 0.0,
-                    "compression_ratio": 0.0,
+                    "compression_ratio": ratio,
                     "compression_score": 0.0,
-                    "empty": 1.0,
+                    "empty": float(not words),
+                    "too_long": float(bool(words)),
                 },
             )
-        scores = _scorer().score(self.reference, summary)
+        scores = _scorer().score(self.reference, " ".join(words))
         r1, r2, rl = (scores[k].fmeasure for k in ("rouge1", "rouge2", "rougeL"))
         rouge = (r1 + r2 + rl) / 3
-        ratio = len(summary.split()) / len(self.passage.split())
         comp = compression_score(ratio, self.target_ratio)
         reward = rouge * ((1 - self.alpha) + self.alpha * comp)
         return Score(
@@ -191,6 +198,7 @@ class SummarizationProblem(SingleTurnProblem):
                 "compression_ratio": ratio,
                 "compression_score": comp,
                 "empty": 0.0,
+                "too_long": 0.0,
             },
         )
 

@@ -14,6 +14,11 @@ where nobody succeeds has no signal; with it, fewer invalid actions score higher
 on purpose: below 1 / max_turns for every world here (at most 60 turns), so even an episode of
 nothing but invalid actions loses less than one success (1.0) earns, and a tenth of the
 smallest progress reward (0.1), so it never outweighs real progress.
+
+Any action text gets an observation, never an exception: the verb is looked for in the first
+`MAX_ACTION_LINES` lines only (a megabyte of newlines is not a megabyte of parsing), feedback
+repeats at most `MAX_FEEDBACK_CHARS` of what the action said, and observations are cleaned of
+lone surrogates (`model_text.clean`) so they can always be encoded.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from dataclasses import dataclass
 
 from tinker_local.rl.types import Message, TextWorld, WorldStep
 from tinker_local.tasks.code_answers import strip_thinking
+from tinker_local.tasks.model_text import clean, shorten
+
+MAX_ACTION_LINES = 1000
+MAX_FEEDBACK_CHARS = 1000
 
 DEFAULT_INVALID_ACTION_PENALTY = 0.01
 
@@ -58,13 +67,14 @@ _PREFIX = re.compile(
 
 def parse_action(text: str, verbs: tuple[str, ...]) -> ParsedAction | None:
     """The first line that starts with a known verb (case, `_` vs space, `verb[arg]`,
-    `verb(arg)`, `verb arg`, an `Action:` prefix and markdown emphasis don't matter)."""
+    `verb(arg)`, `verb arg`, an `Action:` prefix and markdown emphasis don't matter), among the
+    first `MAX_ACTION_LINES` lines."""
     lines = strip_thinking(text or "").split("\n")
     forms = sorted(
         ((form, verb) for verb in verbs for form in {verb, verb.replace("_", " ")}),
         key=lambda fv: -len(fv[0]),
     )
-    for i, raw in enumerate(lines):
+    for i, raw in enumerate(lines[:MAX_ACTION_LINES]):
         line = _PREFIX.sub("", raw.strip().strip("`*").strip()).strip("`*").strip()
         low = line.lower()
         for form, verb in forms:
@@ -134,11 +144,14 @@ class ActionWorld(TextWorld):
         except InvalidAction as exc:
             invalid = True
             self.invalid_actions += 1
-            outcome = Outcome(f"Invalid action: {exc}", reward=-self.invalid_action_penalty)
+            outcome = Outcome(
+                f"Invalid action: {shorten(str(exc), MAX_FEEDBACK_CHARS)}",
+                reward=-self.invalid_action_penalty,
+            )
         self.total_reward += outcome.reward
         self.success = self.success or outcome.success
         self.done = outcome.success or outcome.done or self.turn >= self.max_turns
-        text = outcome.observation
+        text = clean(outcome.observation)
         if self.done and not outcome.success and not outcome.done:
             text += f"\nYou ran out of turns ({self.max_turns})."
         return WorldStep(text, outcome.reward, self.done, self._metrics(invalid))

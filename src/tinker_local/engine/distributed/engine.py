@@ -16,11 +16,12 @@ does differently, and why:
   so a checkpoint is the same PEFT folder whatever the world size, written once.
 - `load_state` / `create_sampler(adapter_dir=)`: every rank reads the folder; ranks on other
   machines get its files from rank 0 with the command.
-- pure queries (`model_info`, `available_models`, `loss_inputs`, `batch_models`): rank 0 alone.
+- pure queries (`model_info`, `available_models`, `loss_inputs`, `batch_models`,
+  `text_codec`): rank 0 alone.
 - everything else, including methods added to the contract later: the default command, every
   rank calls the same method with the same arguments (`__getattr__`). A new method that reads a
   folder belongs in `_FOLDER_ARGUMENTS`, one that only writes files in `_LEADER_ONLY`, one that
-  draws randomness must take the seed as an argument (contract.py's rule) and get it here.
+  draws randomness must take the seed as an argument (engine/contract/'s rule) and get it here.
 
 Faults. A collective that breaks (a rank was killed), or the watchdog (a rank stopped sending
 heartbeats), makes the engine faulted for good: the in-flight call fails with an `EngineError`
@@ -64,7 +65,7 @@ from tinker_local.engine.distributed.liveness import HEARTBEAT_S, Watchdog
 from tinker_local.engine.distributed.sampling import DistributedSampling
 from tinker_local.engine.engine import Engine
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.sampling_service import Resolve
+from tinker_local.engine.sampling.builtin_backend import Resolve
 
 logger = logging.getLogger("tinker_local.engine")
 
@@ -196,6 +197,10 @@ class DistributedEngine:
 
     def available_models(self) -> list[str]:
         return self._local.available_models()
+
+    def text_codec(self, base_model: str) -> Any:
+        """Rank 0's (`contract.TextCodecs`; reads tokenizer files only, any thread)."""
+        return self._local.text_codec(base_model)
 
     def model_info(self, model_id: str) -> ModelInfo:
         return self._local.model_info(model_id)

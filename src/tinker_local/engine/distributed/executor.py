@@ -8,7 +8,7 @@ whose collectives pair up because every rank runs the same code in the same orde
 Commands:
 - any `Engine` method by name (the default): every rank calls its local engine with the same
   arguments, then rank 0 collects whether each rank succeeded. Engines are deterministic given
-  their inputs and the calls before them (contract.py), so ranks that agree stay identical; if
+  their inputs and the calls before them (engine/contract/), so ranks that agree stay identical; if
   they disagree (one ran out of memory) the group's state has forked, which the reply says.
 - `FORWARD_BACKWARD` (data parallel): each rank runs its contiguous share of every call's
   datums (shares.py). If a call failed on any rank, every rank puts that model's gradients back

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from tinker_local import config
-from tinker_local.engine import models, vllm_sampler
 from tinker_local.engine.contract import EngineFactory
 from tinker_local.engine.distributed.engine import DistributedEngine, follow
 from tinker_local.engine.distributed.executor import RankExecutor
@@ -24,7 +23,9 @@ from tinker_local.engine.distributed.group import Group
 from tinker_local.engine.distributed.liveness import Heartbeat
 from tinker_local.engine.distributed.sharding import group_loader
 from tinker_local.engine.engine import Engine
-from tinker_local.engine.sampling_service import ContinuousSampling, Resolve
+from tinker_local.engine.models import registry
+from tinker_local.engine.sampling import vllm_backend
+from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, Resolve
 
 logger = logging.getLogger("tinker_local.engine")
 
@@ -35,7 +36,7 @@ def vllm_args(group: Group, environ: dict[str, str] | None = None) -> dict[str, 
     defaults = {"tensor_parallel_size": group.local_world_size}
     if group.local_world_size > 1:
         defaults["distributed_executor_backend"] = "mp"
-    return {**defaults, **vllm_sampler.llm_args(environ)}
+    return {**defaults, **vllm_backend.llm_args(environ)}
 
 
 def local_engine(group: Group, *, dtype: str | None, sampler: str | None = None,
@@ -46,13 +47,13 @@ def local_engine(group: Group, *, dtype: str | None, sampler: str | None = None,
     resolvers: list[Resolve] = []
     use_vllm = group.is_leader and config.sampler_backend(sampler) == "vllm"
     if use_vllm:
-        vllm_sampler.check_installed()
+        vllm_backend.check_installed()
         args = vllm_args(group)
 
     def sampling(resolve: Resolve) -> Any:
         resolvers.append(resolve)
         if use_vllm:
-            return vllm_sampler.VllmSampling(resolve, args=args)
+            return vllm_backend.VllmSampling(resolve, args=args)
         return ContinuousSampling(resolve)
 
     engine = Engine(device=str(group.device), dtype=dtype, loader=group_loader(group, dtype),
@@ -75,7 +76,7 @@ def leader_engine_factory(group: Group, *, dtype: str | None, sampler: str | Non
     they ask the server anything (engine/factory.py)."""
 
     def build() -> DistributedEngine:
-        models.publish_tokenizers()
+        registry.publish_tokenizers()
         engine, resolve = local_engine(group, dtype=dtype, sampler=sampler, **engine_options)
         distributed = DistributedEngine(engine, group, executor_for(group, engine, resolve),
                                         resolve)

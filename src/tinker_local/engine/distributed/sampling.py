@@ -14,7 +14,7 @@ from all of them), so every rank runs every request in lock step, on the same se
 answers from its own results: the documented slower path on the CPU (no spreading, plus a
 gather per layer per step). On GPUs the vLLM backend is the fast path: it runs on rank 0 with
 `tensor_parallel_size` set to the GPUs of the machine, and only the requests it cannot serve
-exactly (vllm_sampler.py) come here, through its `builtin` fallback.
+exactly (sampling/vllm_backend.py) come here, through its `builtin` fallback.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tinker_local.engine.contract import SampleDone, SamplingRequest
 from tinker_local.engine.distributed.executor import EVERY_RANK
 from tinker_local.engine.distributed.shares import Outcome
 from tinker_local.engine.errors import EngineError
-from tinker_local.engine.sampling_service import Prepared, Resolve, prepare_or_answer
+from tinker_local.engine.sampling.builtin_backend import Prepared, Resolve, prepare_or_answer
 
 # One step on every rank: the new (ticket, rank, request) assignments in, the finished
 # (ticket, outcome) pairs and each rank's requests in flight out.

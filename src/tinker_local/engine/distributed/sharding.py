@@ -28,8 +28,8 @@ from typing import Any
 
 from torch import nn
 
-from tinker_local.engine import models
 from tinker_local.engine.distributed.group import Group
+from tinker_local.engine.models import registry
 
 logger = logging.getLogger("tinker_local.engine")
 
@@ -87,7 +87,7 @@ def local_parameter_bytes(model: nn.Module) -> int:
     return total
 
 
-def group_loader(group: Group, dtype: str | None) -> Callable[[str], models.LoadedBase]:
+def group_loader(group: Group, dtype: str | None) -> Callable[[str], registry.LoadedBase]:
     """A `loader` for `Engine` on a rank: the first rank of each machine loads first (it may
     build a built-in model or publish a tokenizer into the machine's shared folders, which must
     not race), then the others; with `--shard-base` they take turns and keep their shard."""
@@ -98,20 +98,20 @@ def group_loader(group: Group, dtype: str | None) -> Callable[[str], models.Load
 
         mesh = init_device_mesh(group.device.type, (group.world_size,))
 
-    def load_one(name: str) -> models.LoadedBase:
+    def load_one(name: str) -> registry.LoadedBase:
         if not shard:
-            return models.load_base(name, device=group.device, dtype=dtype)
-        loaded = models.load_base(name, device="cpu", dtype=dtype)
+            return registry.load_base(name, device=group.device, dtype=dtype)
+        loaded = registry.load_base(name, device="cpu", dtype=dtype)
         shard_model(loaded.model, mesh)  # FSDP2 moves each group to the mesh's device
         logger.info("%s sharded over %d ranks: %.1f MiB of parameters on rank %d", name,
                     group.world_size, local_parameter_bytes(loaded.model) / 2**20, group.rank)
         return loaded
 
-    def load(name: str) -> models.LoadedBase:
+    def load(name: str) -> registry.LoadedBase:
         turns = [[0], list(range(1, group.local_world_size))]
         if shard:  # one full copy in the machine's memory at a time
             turns = [[r] for r in range(group.local_world_size)]
-        loaded: models.LoadedBase | None = None
+        loaded: registry.LoadedBase | None = None
         failure: BaseException | None = None
         for turn in turns:
             if group.local_rank in turn:

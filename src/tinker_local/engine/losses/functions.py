@@ -23,7 +23,7 @@ Per token, with r = exp(log p - log q) and A the advantage (sg: stop-gradient):
                          m * ( -sg(clip(r, low, high)) * A * log p + kl_coeff * (r - 1 - log r) )
                        low/high default 0.0 / 2.0 (truncated importance sampling), kl_coeff 0.0.
   custom               a loss traced by the SDK (`create_custom_loss`), rebuilt from the
-                       allow-list in custom_loss.py: one scalar per datum, summed.
+                       allow-list in custom.py: one scalar per datum, summed.
 
 ppo, cispo, gspo and stable_reinforce read `clip_low_threshold` / `clip_high_threshold` from
 `loss_fn_config`; a datum may also carry them as per-token `loss_fn_inputs` tensors (the SDK

@@ -16,6 +16,11 @@ import torch
 from tinker import types
 
 from tinker_local.engine.contract import Behavior
+from tinker_local.engine.contract.image_chunks import (
+    ImageSlot,
+    image_target_positions,
+    layout,
+)
 from tinker_local.engine.errors import datum_error, user_error
 from tinker_local.engine.losses.functions import (
     BEHAVIOR_LOGPROBS,
@@ -28,10 +33,12 @@ from tinker_local.engine.losses.functions import (
 
 @dataclass(frozen=True)
 class PreparedDatum:
-    """A validated datum: int64 tokens [L] and float32/int64 loss inputs on the CPU."""
+    """A validated datum: int64 tokens [L] and float32/int64 loss inputs on the CPU; for a
+    vision model, its images (`tokens` holds the image placeholder id at their positions)."""
 
     tokens: torch.Tensor
     inputs: Inputs
+    images: tuple[ImageSlot, ...] = ()
 
     @property
     def targets(self) -> torch.Tensor:
@@ -83,11 +90,13 @@ def prepare_data(
     *,
     behavior: Sequence[Behavior] | None = None,
     custom_inputs: Sequence[tuple[str, int]] = (),
+    image_token_id: int | None = None,
 ) -> list[PreparedDatum]:
     """Check every datum before any compute; the first problem raises, naming datum and field.
 
     `behavior`: one per datum, for a loss that needs the sampler's records;
-    `custom_inputs`: (name, rank) of a custom loss's inputs, `logprobs` first."""
+    `custom_inputs`: (name, rank) of a custom loss's inputs, `logprobs` first;
+    `image_token_id`: a vision model's image placeholder (None: images are refused)."""
     if not isinstance(data, (list, tuple)) or not data:
         raise user_error("data must be a non-empty list of Datum")
     if loss.behavior and (behavior is None or len(behavior) != len(data)):
@@ -97,7 +106,7 @@ def prepare_data(
         )
     prepared = []
     for i, datum in enumerate(data):
-        item = _prepare_datum(i, datum, loss, vocab_size, custom_inputs)
+        item = _prepare_datum(i, datum, loss, vocab_size, custom_inputs, image_token_id)
         if loss.behavior:
             assert behavior is not None
             item = _with_behavior(i, item, behavior[i])
@@ -111,13 +120,15 @@ def _prepare_datum(
     loss: LossFn,
     vocab_size: int,
     custom_inputs: Sequence[tuple[str, int]],
+    image_token_id: int | None = None,
 ) -> PreparedDatum:
     if not isinstance(datum, types.Datum):
         raise datum_error(index, "datum", f"must be a tinker Datum, got {type(datum).__name__}")
-    tokens = _model_input_tokens(index, datum.model_input, vocab_size)
+    tokens, images = _model_input_tokens(index, datum.model_input, vocab_size, image_token_id)
     given = dict(datum.loss_fn_inputs)
     if loss.custom:
-        return _prepare_custom(index, tokens, given, vocab_size, custom_inputs)
+        custom = _prepare_custom(index, tokens, given, vocab_size, custom_inputs)
+        return PreparedDatum(custom.tokens, custom.inputs, images)
     accepted = ("target_tokens", *loss.required, *loss.optional, *loss.ignored)
     for key in given:
         if key not in accepted:
@@ -145,7 +156,36 @@ def _prepare_datum(
             index, "loss_fn_inputs['sequence_ratio_mask']",
             "marks no position; the sequence ratio is a mean over the marked positions",
         )
-    return PreparedDatum(tokens=tokens, inputs=inputs)
+    _check_no_image_targets(index, inputs, length, images)
+    return PreparedDatum(tokens=tokens, inputs=inputs, images=images)
+
+
+# Inputs that say a position is trained on: a non-zero value where the target is an image token
+# would train the model to predict an image placeholder.
+_TARGET_MARKS = ("weights", "advantages")
+
+
+def _check_no_image_targets(
+    index: int, inputs: Inputs, length: int, images: tuple[ImageSlot, ...]
+) -> None:
+    if not images:
+        return
+    positions = torch.tensor(image_target_positions(length, images), dtype=torch.long)
+    if positions.numel() == 0:
+        return
+    for key in _TARGET_MARKS:
+        if key not in inputs:
+            continue
+        marks = inputs[key].index_select(0, positions).reshape(positions.shape[0], -1)
+        hit = (marks != 0).any(dim=1).nonzero()
+        if hit.numel():
+            position = int(positions[int(hit[0, 0])])
+            raise datum_error(
+                index, f"loss_fn_inputs[{key!r}]",
+                f"is non-zero at position {position}, whose target is an image token (position "
+                f"{position + 1} of model_input is inside an image): image positions carry no "
+                "targets; give them 0",
+            )
 
 
 def _with_behavior(index: int, datum: PreparedDatum, behavior: Behavior) -> PreparedDatum:
@@ -160,7 +200,7 @@ def _with_behavior(index: int, datum: PreparedDatum, behavior: Behavior) -> Prep
     if not bool(torch.isfinite(logprobs[sampled != 0]).all()):
         raise datum_error(index, "provenance", "names a sampled token with no finite logprob")
     inputs = {**datum.inputs, BEHAVIOR_LOGPROBS: torch.nan_to_num(logprobs), SAMPLED: sampled}
-    return PreparedDatum(tokens=datum.tokens, inputs=inputs)
+    return PreparedDatum(tokens=datum.tokens, inputs=inputs, images=datum.images)
 
 
 def _prepare_custom(
@@ -205,20 +245,34 @@ def _prepare_custom(
     return PreparedDatum(tokens=tokens, inputs=inputs)
 
 
-def _model_input_tokens(index: int, model_input: object, vocab_size: int) -> torch.Tensor:
+def _model_input_tokens(
+    index: int, model_input: object, vocab_size: int, image_token_id: int | None
+) -> tuple[torch.Tensor, tuple[ImageSlot, ...]]:
     if not isinstance(model_input, types.ModelInput):
         raise datum_error(index, "model_input", "must be a tinker ModelInput")
-    for chunk in model_input.chunks:
-        if not isinstance(chunk, types.EncodedTextChunk):
+    for c, chunk in enumerate(model_input.chunks):
+        if isinstance(chunk, types.EncodedTextChunk):
+            if image_token_id is not None and image_token_id in chunk.tokens:
+                raise datum_error(
+                    index, f"model_input chunk {c}", f"holds the image placeholder token "
+                    f"{image_token_id} as text; images go in image chunks",
+                )
+        elif not (image_token_id is not None and isinstance(chunk, types.ImageChunk)):
+            kind = "a vision model" if image_token_id is not None else "a text-only model"
             raise datum_error(
-                index, "model_input", f"has a {type(chunk).__name__} chunk; only token chunks "
-                "(EncodedTextChunk) are supported",
+                index, "model_input", f"has a {type(chunk).__name__} chunk, which {kind} does "
+                "not take here (token chunks" + (" and image chunks)" if image_token_id is not None
+                                                 else " only)"),
             )
-    tokens = torch.tensor(model_input.to_ints(), dtype=torch.long)
+    try:
+        arranged = layout(model_input, image_token_id)
+    except ValueError as error:
+        raise datum_error(index, "model_input", str(error)) from None
+    tokens = torch.tensor(arranged.tokens, dtype=torch.long)
     if tokens.numel() == 0:
         raise datum_error(index, "model_input", "is empty")
     _check_token_range(index, "model_input", tokens, vocab_size)
-    return tokens
+    return tokens, arranged.images
 
 
 def _to_tensor(index: int, key: str, value: object) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinker_local.engine.sampling.kv_cache import SlotCache
-from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.selection import RowControls, Selection, select_tokens
 from tinker_local.engine.sampling.stops import (
     StringStopMatcher,
@@ -172,7 +172,7 @@ class DecodeBatch:
         """Columns to allocate past the write column: enough for every row to finish, unless
         that would exceed the memory budget (then grow later in chunks)."""
         need = max(r.max_tokens - len(r.tokens) for r in rows)
-        per_col = _bytes_per_row_column(sample)
+        per_col = sample.bytes_per_row_column()
         if per_col and len(rows) * need * per_col > KV_BUDGET_BYTES:
             return max(1, min(need, GROW_CHUNK))
         return max(1, need)
@@ -209,12 +209,3 @@ def _pad_left(valid: torch.Tensor, col: int, width: int) -> torch.Tensor:
     end = valid.shape[1]
     out[:, col - end : col] = valid
     return out
-
-
-def _bytes_per_row_column(cache: SlotCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        if layer.is_initialized:
-            k, v = layer.keys, layer.values
-            total += (k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size()
-    return total

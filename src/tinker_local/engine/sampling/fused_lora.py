@@ -12,6 +12,8 @@ block; `LoraPlan.set(adapters)` tells them, once per forward, which rows use whi
   own single-adapter formula, so the result equals a plain forward with that adapter active);
 - all rows the bare base: `base(x)` only;
 - a mix: one `index_select` / `index_add` per adapter with index tensors built once per forward.
+  A layer that sees the batch's tokens flattened ([rows x T, features]: the shared expert of a
+  Qwen3.5-MoE block) gets each row's T positions (`LoraPlan.positions`).
 The base layers stay whatever they are (packed oneDNN linears inside `packed_linears`). The
 update is `out += (x @ A^T) @ (scaling * B)^T`, two matrix products into the base output in
 place, with A^T and (scaling * B)^T cached per adapter weight (re-made when the weight changes,
@@ -43,8 +45,28 @@ class LoraPlan:
 
     def __init__(self) -> None:
         self.groups: Plan | None = None
+        self.rows = 0  # rows of the batch the plan is for
+        self._positions: dict[tuple[int, int], torch.Tensor] = {}
+
+    def positions(self, rows: torch.Tensor, leading: int) -> torch.Tensor:
+        """The indices along a layer input's first dimension (`leading` long) that belong to
+        `rows`: the rows themselves, or, for an input holding the batch's tokens flattened
+        row-major, each row's positions."""
+        if leading == self.rows:
+            return rows
+        if self.rows == 0 or leading % self.rows:
+            raise RuntimeError(f"a LoRA layer input of {leading} positions cannot be split into "
+                               f"the batch's {self.rows} rows")
+        key = (id(rows), leading)
+        if key not in self._positions:
+            per_row = leading // self.rows
+            offsets = torch.arange(per_row, device=rows.device)
+            self._positions[key] = (rows[:, None] * per_row + offsets).reshape(-1)
+        return self._positions[key]
 
     def set(self, adapters: list[str | None], device: torch.device) -> None:
+        self.rows = len(adapters)
+        self._positions = {}
         names = [BASE_ADAPTER if a is None else a for a in adapters]
         unique = list(dict.fromkeys(names))
         if len(unique) == 1:
@@ -60,6 +82,7 @@ class LoraPlan:
 
     def clear(self) -> None:
         self.groups = None
+        self._positions = {}
 
 
 def _lora_classes() -> tuple[type, type] | None:
@@ -130,6 +153,7 @@ class _FusedForward:
                 else:
                     out.add_((flat @ a_t) @ b_t)
             else:  # the rows of this adapter (index tensors built once per forward)
+                rows = self.plan.positions(rows, x.shape[0])
                 sub = x.index_select(0, rows)
                 flat = sub.reshape(-1, sub.shape[-1]).to(a_t.dtype)
                 update = ((flat @ a_t) @ b_t).view(*sub.shape[:-1], -1)

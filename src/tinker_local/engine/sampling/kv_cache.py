@@ -8,12 +8,20 @@ copy of the new column, and reading is a view.
 
 Rows can be selected (compaction when rows finish, expansion for `num_samples`), the width can
 grow (long generations), and leading all-padding columns can be dropped: see `relayout`.
+
+Hybrid models (Qwen3.5: Gated DeltaNet linear-attention layers between full-attention ones) get
+a `RowStateLayer` (recurrent_state.py) at each linear-attention layer: a fixed-size state per
+row, which follows every row operation here and ignores the columns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from tinker_local.engine.sampling.recurrent_state import RowStateLayer
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -73,22 +81,35 @@ def _take(buf: torch.Tensor, rows: torch.Tensor, width: int, shift: int) -> torc
 
 
 class SlotCache(Cache):
-    """KV cache for `num_layers` layers, `width` columns per row, written at `write_col`.
+    """KV cache for `num_layers` layers, `width` columns per row, written at `write_col`; the
+    layers in `recurrent_layers` (linear attention) hold a per-row state instead.
 
     The caller (the sampler) owns the column pointer: it sets `write_col` before each forward
-    and advances it afterwards; every layer writes the step's keys/values at that column.
+    and advances it afterwards; every attention layer writes the step's keys/values at that
+    column.
     """
 
-    def __init__(self, num_layers: int, width: int):
+    def __init__(self, num_layers: int, width: int, recurrent_layers: Collection[int] = ()):
         self.width = width
         self.write_col = 0
-        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        self.recurrent_layers = frozenset(recurrent_layers)
+        super().__init__(layers=[
+            RowStateLayer() if i in self.recurrent_layers else _SlotLayer(self)
+            for i in range(num_layers)])
+
+    def kv_layers(self) -> list[_SlotLayer]:
+        return [layer for layer in self.layers if isinstance(layer, _SlotLayer)]
+
+    def state_layers(self) -> list[RowStateLayer]:
+        return [layer for layer in self.layers if isinstance(layer, RowStateLayer)]
 
     def relayout(self, rows: torch.Tensor, width: int, shift: int = 0) -> None:
         """Keep only `rows` (a 1-D index tensor, repeats allowed), drop the first `shift`
         columns, and resize to `width` columns."""
-        for layer in self.layers:
+        for layer in self.kv_layers():
             layer.take(rows, width, shift)
+        for state in self.state_layers():
+            state.take(rows)
         self.width = width
         self.write_col -= shift
 
@@ -106,14 +127,19 @@ class SlotCache(Cache):
         if holes:
             dst = torch.tensor(holes)
             src = torch.tensor(movers)
-            for layer in self.layers:
+            for layer in self.kv_layers():
                 if layer.is_initialized:
                     layer.keys[dst] = layer.keys[src]
                     layer.values[dst] = layer.values[src]
-        for layer in self.layers:
+        for layer in self.kv_layers():
             if layer.is_initialized:
                 layer.keys = layer.keys[:n]
                 layer.values = layer.values[:n]
+        states = self.state_layers()
+        if states:  # small per-row tensors: reselected whole
+            rows = torch.tensor(order, device=states[0].device)
+            for state in states:
+                state.take(rows)
         return order
 
     @staticmethod
@@ -125,10 +151,13 @@ class SlotCache(Cache):
         col = max(p.write_col for p in parts) - shift
         if width < col:
             raise ValueError(f"width {width} < write column {col}")
-        out = SlotCache(len(parts[0].layers), width)
+        out = SlotCache(len(parts[0].layers), width, parts[0].recurrent_layers)
         out.write_col = col
         for li, layer in enumerate(out.layers):
             srcs = [p.layers[li] for p in parts]
+            if isinstance(layer, RowStateLayer):
+                out.layers[li] = RowStateLayer.stack(srcs)
+                continue
             if not all(s.is_initialized for s in srcs):
                 raise ValueError("stack: every part must have been through a forward pass")
             ends = [p.write_col for p in parts]
@@ -139,9 +168,18 @@ class SlotCache(Cache):
         return out
 
     def nbytes(self) -> int:
-        return sum(
-            layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized
-        )
+        kv = sum(layer.keys.nbytes + layer.values.nbytes
+                 for layer in self.kv_layers() if layer.is_initialized)
+        return kv + sum(state.nbytes() for state in self.state_layers())
+
+    def bytes_per_row_column(self) -> int:
+        """What one more column costs per row (the attention layers' keys and values)."""
+        total = 0
+        for layer in self.kv_layers():
+            if layer.is_initialized:
+                k, v = layer.keys, layer.values
+                total += (k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size()
+        return total
 
 
 def _stack(bufs: list[torch.Tensor], ends: list[int], col: int, width: int) -> torch.Tensor:

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from tinker_local.engine.cpu_features import bf16_kernels_available
+
 MIN_WEIGHT_ELEMENTS = 256 * 256  # smaller matrices (LoRA A/B) are not worth packing
 MIN_ROWS = 4  # float32: below this, except for very wide outputs, plain F.linear is faster
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -46,14 +48,6 @@ def available(model: nn.Module) -> bool:
             and p.dtype in PACKED_DTYPES
             and (p.dtype != torch.bfloat16 or bf16_kernels_available())
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
-
-
-def bf16_kernels_available() -> bool:
-    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Without
-    them packing a bf16 weight raises, so bf16 models keep the plain products (an AVX2-only AMD
-    EPYC, session 6)."""
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return check is not None and bool(check())
 
 
 @contextmanager

@@ -16,8 +16,9 @@ from typing import Protocol
 
 from tinker import types
 
+from tinker_local.engine.contract.image_chunks import ImageSlot
+from tinker_local.engine.sampling.errors import SamplingError
 from tinker_local.engine.sampling.prompt_extras import PromptTargets, check_alt_k, check_targets
-from tinker_local.engine.sampling.sampling_error import SamplingError
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 # Draws per prompt position for prompt_alt_tokens_k (the server's own bound is the same).
@@ -63,6 +64,7 @@ class GenRequest:
     topk_sample_logprobs: int = 0
     target_prompt_logprobs: types.TensorData | None = None
     prompt_alt_tokens_k: int = 0
+    images: tuple[ImageSlot, ...] = ()  # the prompt holds the image placeholder id there
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class ModelLimits:
     max_context: int | None  # None: the model states no limit
     adapters: frozenset[str] = field(default_factory=frozenset)
     has_adapters: bool = False  # the model is a peft model (adapter_names is accepted)
+    image_token_id: int | None = None  # a vision model's image placeholder; None: text only
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class ValidRequest:
     topk_sample_logprobs: int
     targets: PromptTargets | None = None  # target_prompt_logprobs, validated
     alt_k: int = 0  # prompt_alt_tokens_k
+    images: tuple[ImageSlot, ...] = ()  # the prompt's images (placeholders in `prompt`)
 
     @property
     def wants_prompt_scores(self) -> bool:
@@ -160,7 +164,35 @@ def validate_request(
             max_distinct=limits.vocab_size,
         ),
         alt_k=check_alt_k(getattr(req, "prompt_alt_tokens_k", 0), len(prompt), MAX_PROMPT_ALT_K),
+        images=_check_images(prompt, tuple(getattr(req, "images", ()) or ()), limits),
     )
+
+
+def _check_images(
+    prompt: tuple[int, ...], images: tuple[ImageSlot, ...], limits: ModelLimits
+) -> tuple[ImageSlot, ...]:
+    """Images inside the prompt, in order, not overlapping, each on placeholder ids, and no
+    placeholder outside them (the model would look for features there)."""
+    placeholder = limits.image_token_id
+    if images and placeholder is None:
+        raise SamplingError("the prompt has images, but this model takes text only")
+    if placeholder is None:
+        return images
+    covered = 0
+    for index, slot in enumerate(images):
+        if slot.start < covered or slot.length < 1 or slot.end > len(prompt):
+            raise SamplingError(
+                f"image {index} covers prompt positions [{slot.start}, {slot.end}), which are "
+                f"not inside the {len(prompt)}-token prompt after the image before it")
+        if any(t != placeholder for t in prompt[slot.start : slot.end]):
+            raise SamplingError(f"image {index}: its positions do not hold the image placeholder")
+        covered = slot.end
+    in_images = sum(slot.length for slot in images)
+    if sum(1 for t in prompt if t == placeholder) != in_images:
+        raise SamplingError(
+            f"prompt: the image placeholder token {placeholder} appears outside the images; "
+            "images go in image chunks")
+    return images
 
 
 def parse_stop(

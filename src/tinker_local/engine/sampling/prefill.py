@@ -5,6 +5,9 @@ itself (so it stays finite and never leaks into real positions, which never atte
 and real tokens get positions 0..n-1 whatever their padding, so a padded prompt computes the
 same values as the prompt alone.
 
+A vision model's prompts with images run with their pixel values and multimodal RoPE positions
+(`models/vision.py`); `PrefillGroup.deltas` then says where each prompt's text continues.
+
 Prompt logprobs are the model's own (temperature 1) log-probabilities, as
 `SamplingClient.compute_logprobs` expects: entry i is log p(prompt[i] | prompt[:i]); entry 0 is
 NaN (the SDK turns it into None). Top-k prompt logprobs use the SDK's dense `TopkLogprobs`
@@ -19,8 +22,9 @@ import numpy as np
 import torch
 from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 
+from tinker_local.engine.contract.image_chunks import ImageSlot, image_positions
 from tinker_local.engine.sampling.kv_cache import SlotCache
-from tinker_local.engine.sampling.runner import ModelRunner
+from tinker_local.engine.sampling.model_forward import ModelRunner
 
 # Bounds on one prefill forward: padded tokens (activations), and logits kept when prompt
 # logprobs are wanted ([rows, length, vocab] float32).
@@ -35,6 +39,8 @@ GROUP_COST_TOKENS = 64
 class PromptKey:
     prompt: tuple[int, ...]
     adapter: str | None
+    # A vision model's prompt images: prompts share a prefill only with the same images.
+    images: tuple[ImageSlot, ...] = ()
 
 
 @dataclass
@@ -55,20 +61,30 @@ class PrefillGroup:
     valid: torch.Tensor  # [n, width] bool, True at real tokens
     last_logits: torch.Tensor  # [n, V] float32
     scores: list[PromptScores | None]
+    # Per prompt: the position of the token after it, minus its length (multimodal RoPE
+    # compresses an image's positions; 0 for text).
+    deltas: list[int] | None = None
 
 
 def plan_groups(
     keys: list[PromptKey], wants_scores: list[bool], vocab_size: int
 ) -> list[list[int]]:
     """Indices of `keys`, grouped for prefill. Prompts that want scores are kept apart (their
-    forward keeps logits at every position). Within each kind, prompts are sorted by length and
-    cut into consecutive groups that minimise the padded positions computed, plus
+    forward keeps logits at every position), and so are prompts with images (per adapter).
+    Within each kind, prompts are sorted by length and cut into consecutive groups that minimise the padded positions computed, plus
     `GROUP_COST_TOKENS` per extra forward: one group of prompts from 15 to 48 tokens pads a
     quarter of its positions, which cost as much as real ones."""
     groups: list[list[int]] = []
-    for scored in (False, True):
+    # Prompts with images prefill with others of their adapter only: in a mixed-adapter
+    # forward, LoRA layers pick rows by batch index, and an image encoder's rows are patches.
+    kinds = list(dict.fromkeys(
+        (wants_scores[i], bool(keys[i].images), keys[i].adapter if keys[i].images else None)
+        for i in range(len(keys))))
+    for scored, with_images, adapter in sorted(kinds, key=repr):
         members = sorted(
-            (i for i in range(len(keys)) if wants_scores[i] == scored),
+            (i for i in range(len(keys)) if wants_scores[i] == scored
+             and bool(keys[i].images) == with_images
+             and (keys[i].adapter if keys[i].images else None) == adapter),
             key=lambda i: len(keys[i].prompt),
         )
         lengths = [len(keys[i].prompt) for i in members]
@@ -116,25 +132,40 @@ def run_prefill(
     causal = torch.ones((width, width), dtype=torch.bool, device=device).tril_()
     diagonal = torch.eye(width, dtype=torch.bool, device=device)
     mask = (causal[None] & valid[:, None, :]) | diagonal[None]
-    cache = SlotCache(runner.num_layers, width)
+    cache = runner.new_cache(width)
+    vision_inputs, deltas = None, None
+    if any(k.images for k in keys):
+        assert runner.vision is not None  # validation refuses images for a text model
+        prepared = runner.vision.inputs(
+            ids, [k.images for k in keys], positions, [width - n_ for n_ in lengths])
+        vision_inputs = prepared.kwargs()
+        positions = vision_inputs.pop("position_ids")
+        deltas = prepared.deltas
     logits = runner.forward(
-        ids, positions, mask[:, None], cache, [k.adapter for k in keys], all_positions=scored
+        ids, positions, mask[:, None], cache, [k.adapter for k in keys], all_positions=scored,
+        vision_inputs=vision_inputs,
     )
     cache.write_col = width
     scores: list[PromptScores | None] = [None] * n
     if scored:
         for i in range(n):
             row_logits = logits[i, width - lengths[i] :]
-            scores[i] = score_prompt(row_logits, keys[i].prompt, topk[i])
+            scores[i] = score_prompt(row_logits, keys[i].prompt, topk[i], keys[i].images)
             scores[i].logits = row_logits
         last = logits[:, -1]
     else:
         last = logits
-    return PrefillGroup(keys=keys, cache=cache, valid=valid, last_logits=last, scores=scores)
+    return PrefillGroup(keys=keys, cache=cache, valid=valid, last_logits=last, scores=scores,
+                        deltas=deltas)
 
 
-def score_prompt(logits: torch.Tensor, prompt: tuple[int, ...], k: int) -> PromptScores:
-    """logits: [P, V] for the prompt's positions (row j predicts token j + 1)."""
+def score_prompt(
+    logits: torch.Tensor, prompt: tuple[int, ...], k: int, images: tuple[ImageSlot, ...] = ()
+) -> PromptScores:
+    """logits: [P, V] for the prompt's positions (row j predicts token j + 1). An image
+    position has no logprob: 0.0 there, as training reports for an image target (the
+    cookbook's SamplerNLLEvaluator multiplies these by zero weights, so None would make NaN),
+    and the top-k sentinel."""
     logp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
     targets = torch.tensor(prompt[1:], dtype=torch.int64, device=logits.device)
     out = np.full(len(prompt), np.nan, dtype=np.float32)
@@ -148,4 +179,10 @@ def score_prompt(logits: torch.Tensor, prompt: tuple[int, ...], k: int) -> Promp
             ids[1:] = idx.cpu().numpy().astype(np.int32)
             lps[1:] = vals.cpu().numpy()
         top = TopkLogprobs(token_ids=ids, logprobs=lps)
+    at_images = image_positions(len(prompt), images)
+    if at_images:
+        out[at_images] = 0.0
+        if top is not None:
+            top.token_ids[at_images] = 0
+            top.logprobs[at_images] = MASK_LOGPROB
     return PromptScores(logprobs=out, topk=top)

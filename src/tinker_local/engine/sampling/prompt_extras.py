@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from tinker_local.engine.sampling.sampling_error import SamplingError
+from tinker_local.engine.sampling.errors import SamplingError
 
 NO_TARGET = -1
 

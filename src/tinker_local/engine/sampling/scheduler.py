@@ -19,6 +19,7 @@ from tinker import types
 from tinker.types.topk_logprobs import TopkLogprobs
 
 from tinker_local.engine.sampling.batch import DecodeBatch, NewRows, Row, record_top
+from tinker_local.engine.sampling.model_forward import ModelRunner
 from tinker_local.engine.sampling.params import ValidRequest
 from tinker_local.engine.sampling.prefill import (
     PrefillGroup,
@@ -28,7 +29,6 @@ from tinker_local.engine.sampling.prefill import (
     run_prefill,
 )
 from tinker_local.engine.sampling.prompt_extras import alt_tokens, target_logprobs
-from tinker_local.engine.sampling.runner import ModelRunner
 from tinker_local.engine.sampling.selection import RowControls, select_tokens
 from tinker_local.engine.sampling.stops import Decoder, StringStopMatcher
 
@@ -44,6 +44,7 @@ class RequestState:
     targets: types.TensorData | None = None  # target_prompt_logprobs' answer
     alt_tokens: types.PromptAltTokens | None = None  # prompt_alt_tokens_k's answer
     response: types.SampleResponse | None = None
+    rows: list[Row] = field(default_factory=list)  # every sample's row, once admitted
 
     def finish_row(self, row: Row) -> bool:
         self.samples[row.sample_index] = row
@@ -69,7 +70,7 @@ class Scheduler:
             raise ValueError("string stops need a tokenizer")
         state = RequestState(
             request=request,
-            key=PromptKey(request.prompt, request.adapter),
+            key=PromptKey(request.prompt, request.adapter, request.images),
             samples=[None] * request.num_samples,
         )
         self.queue.append(state)
@@ -87,6 +88,14 @@ class Scheduler:
                 if owner.finish_row(row):
                     done.append(owner)
         return done
+
+    def cancel(self, state: RequestState) -> None:
+        """Take `state` out, queued or decoding: its rows leave the decode batch at once."""
+        self.queue = [s for s in self.queue if s is not state]
+        if len(self.batch):
+            keep = [i for i, row in enumerate(self.batch.rows) if row.owner is not state]
+            if len(keep) < len(self.batch):
+                self.batch.keep(keep)
 
     def drop_adapters(self, missing: set[str]) -> list[RequestState]:
         """Remove every request that uses an adapter in `missing` (queued or decoding);
@@ -165,7 +174,11 @@ class Scheduler:
             group_rows = src.index_select(0, keep)
             cache = group.cache
             cache.relayout(group_rows, cache.write_col)
-            lengths = torch.tensor([len(rows[i].owner.request.prompt) for i in alive])
+            # The pending token's position: the prompt's length, moved by its images' RoPE
+            # offset for a vision model.
+            deltas = group.deltas or [0] * len(group.keys)
+            lengths = torch.tensor([
+                len(rows[i].owner.request.prompt) + deltas[source[i]] for i in alive])
             joining.append(
                 NewRows(
                     rows=[rows[i] for i in alive],
@@ -184,7 +197,7 @@ class Scheduler:
         if r.stop.strings:
             assert self.tokenizer is not None
             matcher = StringStopMatcher(r.stop.strings, self.tokenizer)
-        return Row(
+        row = Row(
             owner=state,
             sample_index=sample_index,
             max_tokens=r.max_tokens,
@@ -193,6 +206,8 @@ class Scheduler:
             adapter=r.adapter,
             top_k=r.topk_sample_logprobs,
         )
+        state.rows.append(row)
+        return row
 
 
 def _score_extras(state: RequestState) -> None:

@@ -8,9 +8,10 @@ SVG charts drawn by the server (`charts.py`). Modules:
   cookie) and why forged changes do nothing (per-action form tokens, Origin check);
 - `pages.py`: overview (live state, training runs, logged runs), a training run with its
   checkpoints, a logged run's plots and transcripts, sessions and the audit log;
-- `checkpoints.py`: download a checkpoint as a tar, delete one (through `rest.py`);
+- `checkpoints.py`: download a checkpoint as a tar, delete one (through `server/rest/checkpoint_calls.py`);
 - `api.py`, `log_dirs.py`: runs register their log directory; what is read from it;
-- `live.py`: the live figures; `render.py`: templates, headers, HTML error pages.
+- `live.py`: the live figures; `render.py`: templates, headers, HTML error pages;
+- `paths.py`: the login form, static files and cookie name the HTTP edge lets through.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from tinker_local.server.access import CONSOLE_STATIC
 from tinker_local.server.console import api, auth, checkpoints, pages, tokens
+from tinker_local.server.console.paths import CONSOLE_STATIC
 from tinker_local.server.console.state import ConsoleState
-from tinker_local.server.service import Service
-from tinker_local.server.signing import Signer
+from tinker_local.server.core.service import Service
+from tinker_local.server.core.signing import Signer
 
 __all__ = ["cookie_owner", "install_console"]
 

@@ -1,6 +1,6 @@
 """The console's one API call: `POST /api/v1/console/log_dirs` registers a run's log directory
 for the calling key, so its console plots the run (`tinker-local rl / sft / pipeline` call it
-through `apps/console_link.py`). Body: `{"log_dir": "/abs/path", "command": "rl"}`; answer:
+through `apps/connect.py`). Body: `{"log_dir": "/abs/path", "command": "rl"}`; answer:
 `{"log_id": ..., "console_path": "/logs/<log_id>"}`. A JSON API like the others: an API key
 (never the console cookie), and a 4xx with a JSON body naming what was wrong."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tinker_local.server.access import current_owner
 from tinker_local.server.console.state import console_state
-from tinker_local.server.errors import ApiError
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner
 
 router = APIRouter()
 

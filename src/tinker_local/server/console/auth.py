@@ -22,11 +22,12 @@ from urllib.parse import parse_qs, urlparse
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from tinker_local.server.access import CONSOLE_COOKIE, current_owner, owner_of_key
+from tinker_local.server.console.paths import CONSOLE_COOKIE
 from tinker_local.server.console.render import SECURITY_HEADERS, ConsoleRoute, page
 from tinker_local.server.console.tokens import LIFETIME_S, action_token, mint_cookie
-from tinker_local.server.errors import ApiError
-from tinker_local.server.signing import Signer
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner, owner_of_key
+from tinker_local.server.core.signing import Signer
 
 MAX_FORM_BYTES = 64 * 1024
 

@@ -4,7 +4,7 @@ and the metadata beside them), or delete it after a confirmation page.
 Both take the checkpoint's `tinker://` path, parsed and checked by the same code as every API
 call (`paths.py`: nothing outside the checkpoints folder); a download needs what a load needs
 (the caller's own checkpoint, or a published one) and is audited as a read; a delete goes
-through the REST API's own `rest.delete_checkpoint` (only the caller's own checkpoints).
+through the REST API's own `checkpoint_calls.delete_checkpoint` (only the caller's own checkpoints).
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 
-from tinker_local.server import paths, rest, weights
-from tinker_local.server.access import current_owner
 from tinker_local.server.console.auth import check_action, read_form
 from tinker_local.server.console.render import SECURITY_HEADERS, ConsoleRoute, page
 from tinker_local.server.console.tokens import action_token
-from tinker_local.server.errors import ApiError
-from tinker_local.server.service import Service
+from tinker_local.server.core import tinker_paths
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner
+from tinker_local.server.core.service import Service
+from tinker_local.server.rest import checkpoint_calls
+from tinker_local.server.training import weights
 
 router = APIRouter(route_class=ConsoleRoute)
 
@@ -49,7 +51,7 @@ def _tar(folder: Path, name: str) -> str:
 @router.get("/checkpoints/download")
 async def download(request: Request, path: str) -> Response:
     svc = _svc(request)
-    target, folder = paths.existing_checkpoint(path, svc.settings.checkpoints_dir())
+    target, folder = tinker_paths.existing_checkpoint(path, svc.settings.checkpoints_dir())
     tar_path = await asyncio.to_thread(_tar, folder, target.name)
     weights.read_audited(svc, target.uri, "console_download")
     filename = f"{target.run_id.replace(':', '_')}-{target.kind}-{target.name}.tar"
@@ -64,8 +66,8 @@ async def download(request: Request, path: str) -> Response:
 
 async def _own_checkpoint(svc: Service, uri: str) -> dict[str, Any]:
     """The caller's checkpoint at `uri` as the REST listing shows it (404 otherwise)."""
-    target = paths.parse_uri(uri)
-    listed = (await rest.list_run_checkpoints(svc, target.run_id))["checkpoints"]
+    target = tinker_paths.parse_uri(uri)
+    listed = (await checkpoint_calls.list_run_checkpoints(svc, target.run_id))["checkpoints"]
     for checkpoint in listed:
         if checkpoint["tinker_path"] == target.uri:
             return checkpoint
@@ -78,7 +80,7 @@ async def confirm_delete(request: Request, path: str) -> Response:
     checkpoint = await _own_checkpoint(svc, path)
     uri = checkpoint["tinker_path"]
     token = action_token(svc.signer, current_owner(), f"delete {uri}")
-    run_id = paths.parse_uri(uri).run_id
+    run_id = tinker_paths.parse_uri(uri).run_id
     return page(
         request,
         "confirm_delete.html",
@@ -92,9 +94,9 @@ async def confirm_delete(request: Request, path: str) -> Response:
 async def delete(request: Request) -> Response:
     svc = _svc(request)
     form = await read_form(request)
-    target = paths.parse_uri(form.get("path", ""))
+    target = tinker_paths.parse_uri(form.get("path", ""))
     check_action(request, form.get("token"), f"delete {target.uri}")
-    await rest.delete_checkpoint(svc, target.run_id, f"{target.kind}/{target.name}")
+    await checkpoint_calls.delete_checkpoint(svc, target.run_id, f"{target.kind}/{target.name}")
     return page(
         request,
         "deleted.html",

@@ -4,7 +4,7 @@ Server-wide figures (device, memory, queue, throughput, how many models each bas
 serves) are shown to every key; which models and requests they are is shown only to their
 owner: another key's work appears as a count, and its requests as "another key".
 Throughput is tokens over the last `WINDOW_S` seconds of finished requests (the request spans
-that session traces and usage already keep, `session_trace.py`).
+that session traces and usage already keep, `server/core/request_trace.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from tinker_local.server.access import current_owner
-from tinker_local.server.service import Service
+from tinker_local.server.core.owners import current_owner
+from tinker_local.server.core.service import Service
 
 WINDOW_S = 60.0
 SHOWN_IN_FLIGHT = 8

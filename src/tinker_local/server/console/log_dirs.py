@@ -4,7 +4,7 @@ from them.
 A run registers its log directory (`POST /api/v1/console/log_dirs`, see `api.py`) with the key
 it trains with; only that key's console lists it. The server reads only these files in it,
 never a path a request names: `metrics.jsonl` (the plots), `transcripts.jsonl` (the sample of
-episodes) and the checkpoint records (`checkpoints.jsonl`, `state.json`, `result.json`), whose
+episodes, and image files its turns name inside the directory) and the checkpoint records (`checkpoints.jsonl`, `state.json`, `result.json`), whose
 `tinker://` paths link the log to its training runs. So the folder must be readable by the
 server: the same machine, or a shared file system.
 
@@ -22,11 +22,12 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinker_local.server.errors import ApiError
+from tinker_local.server.console.thumbnails import Thumbnail, thumbnails
+from tinker_local.server.core.errors import ApiError
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -197,6 +198,7 @@ class Turn:
     observation: str
     action: str
     reward: float | None
+    images: list[Thumbnail] = field(default_factory=list)  # the turn's images, if it has any
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ def _text(value: Any, keep: int, tail: bool = False) -> str:
 
 def transcripts(folder: Path, count: int = 6, keep: int = 1500) -> list[Transcript]:
     """The newest `count` transcripts of `transcripts.jsonl` (as `rl/metrics.py` writes them),
-    newest first; each observation's last and each action's first `keep` characters."""
+    newest first; each observation's last and each action's first `keep` characters, and
+    thumbnails of a turn's images (`thumbnails.py`)."""
     rows = _jsonl_tail(folder / "transcripts.jsonl", 256 * 1024)[-count:]
     out = []
     for row in reversed(rows):
@@ -234,6 +237,7 @@ def transcripts(folder: Path, count: int = 6, keep: int = 1500) -> list[Transcri
                         _text(t.get("observation"), keep, tail=True),
                         _text(t.get("action"), keep),
                         _number(t.get("reward")),
+                        thumbnails(t.get("images"), folder),
                     )
                     for t in turns
                     if isinstance(t, dict)

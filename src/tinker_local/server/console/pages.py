@@ -2,7 +2,7 @@
 with its checkpoints, a logged run with its plots and transcripts, and sessions with the audit
 log; plus the fragments their script fetches again to keep them live.
 
-Everything is read through the same functions as the REST API (`rest.py`, `session_views.py`,
+Everything is read through the same functions as the REST API (`server/rest/checkpoint_calls.py`, `server/rest/session_queries.py`,
 the audit log), for the caller's own owner only.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from tinker_local.server import rest, session_views
-from tinker_local.server.access import current_owner
 from tinker_local.server.console import charts, live, log_dirs
 from tinker_local.server.console.render import ConsoleRoute, fragment, page
 from tinker_local.server.console.state import console_state
-from tinker_local.server.errors import ApiError
-from tinker_local.server.service import Service
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner
+from tinker_local.server.core.service import Service
+from tinker_local.server.rest import checkpoint_calls, session_queries
 
 router = APIRouter(route_class=ConsoleRoute)
 
@@ -35,7 +35,7 @@ def _svc(request: Request) -> Service:
 
 
 async def _runs(svc: Service) -> list[dict[str, Any]]:
-    runs = (await rest.list_training_runs(svc, 10_000, 0))["training_runs"]
+    runs = (await checkpoint_calls.list_training_runs(svc, 10_000, 0))["training_runs"]
     runs.sort(key=lambda r: r["last_request_time"], reverse=True)
     return runs[:SHOWN_RUNS]
 
@@ -92,8 +92,8 @@ async def runs_fragment(request: Request) -> Response:
 @router.get("/training_runs/{run_id}")
 async def training_run(request: Request, run_id: str) -> Response:
     svc = _svc(request)
-    run = await rest.get_training_run(svc, run_id)
-    checkpoints = (await rest.list_run_checkpoints(svc, run_id))["checkpoints"]
+    run = await checkpoint_calls.get_training_run(svc, run_id)
+    checkpoints = (await checkpoint_calls.list_run_checkpoints(svc, run_id))["checkpoints"]
     logs = [item for item in await _logs(request) if run_id in item["runs"]]
     return page(
         request,
@@ -151,7 +151,7 @@ async def sessions(request: Request, day: str | None = None) -> Response:
         when = datetime.date.fromisoformat(day) if day else today
     except ValueError as exc:
         raise ApiError(400, f"day must be a date like 2025-01-15, got {day!r}") from exc
-    views = sorted(session_views.views(svc).values(), key=lambda v: v.created_at, reverse=True)
+    views = sorted(session_queries.views(svc).values(), key=lambda v: v.created_at, reverse=True)
     return page(
         request,
         "sessions.html",

@@ -14,9 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 from fastapi.routing import APIRoute
 
-from tinker_local.server.access import current_owner
 from tinker_local.server.console.tokens import action_token
-from tinker_local.server.errors import ApiError
+from tinker_local.server.core.errors import ApiError
+from tinker_local.server.core.owners import current_owner
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -100,7 +100,7 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
 class ConsoleRoute(APIRoute):
     """Every console route: an `ApiError` (from the console or from the REST code it calls) or a
     bad parameter becomes an HTML error page. Who may call at all (keys, cookie, loopback, host
-    name) is decided before, by `server/access.py`, for the API and the console alike."""
+    name) is decided before, by `server/http/access.py`, for the API and the console alike."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

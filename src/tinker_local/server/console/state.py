@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from tinker_local.server.console.log_dirs import REGISTRY_FILE, LogDirRegistry, MetricsCache
-from tinker_local.server.service import Service
+from tinker_local.server.core.service import Service
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from tinker_local.server.signing import Signer
+from tinker_local.server.core.signing import Signer
 
 LIFETIME_S = 12 * 3600
 

@@ -1,0 +1,1 @@
+"""LoRA adapters on a shared frozen base: the adapter pool (peft) and per-row routing."""

@@ -1,0 +1,2 @@
+"""Base models: names to folders (registry, built-ins, hub downloads), their cost, and the
+attention masks each family reads."""

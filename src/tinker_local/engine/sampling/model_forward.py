@@ -1,0 +1,176 @@
+"""One forward pass of a HF causal LM (optionally a peft model with several LoRA adapters)
+against a `SlotCache`, with explicit per-row positions and attention mask.
+
+With peft, rows of one batch can use different adapters (None = the bare model) and the model's
+active adapter is never touched: inside `eval_mode` the LoRA layers follow a per-forward row
+plan (`fused_lora`: no per-layer regrouping, no indexing when the batch uses one adapter);
+otherwise, and for models `fused_lora` does not cover, every call passes peft's
+`adapter_names` (one per row, "__base__" for the bare model).
+
+Decode steps (one token per row) of Llama-architecture float32 models skip the HF modules and
+run `llama_decode.LlamaDecoder` on the weights; prefill and every other model use the HF
+forward. Set `use_bare_decode = False` on a runner to force the HF path (tests compare both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from tinker_local.engine.models.attention_masks import (
+    column_window,
+    model_attention_mask,
+    recurrent_layer_indices,
+)
+from tinker_local.engine.models.vision import VisionModel
+from tinker_local.engine.sampling.fused_lora import LoraPlan, fused_lora
+from tinker_local.engine.sampling.kv_cache import SlotCache
+from tinker_local.engine.sampling.llama_decode import LlamaDecoder
+from tinker_local.engine.sampling.packed_linear import packed_linears
+from tinker_local.engine.sampling.params import BASE_ADAPTER, ModelLimits
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5.x names the KV cache argument `cache` (`past_key_values` still works there,
+    with a deprecation warning, until 5.40); older releases only know `past_key_values`."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, vision: VisionModel | None = None):
+        self.model = model
+        self.vision = vision  # a vision-language model's image side (prefill with images)
+        self.is_peft = _is_peft(model)
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers: int = text_config.num_hidden_layers
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_context: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.device = next(model.parameters()).device
+        self.text_config = text_config
+        # Linear-attention layers (hybrid models): a per-row state in the cache, not KV.
+        self.recurrent_layers = recurrent_layer_indices(text_config)
+        self.activation_dtype = model.get_input_embeddings().weight.dtype
+        self.cache_keyword = _cache_keyword(model.get_base_model() if self.is_peft else model)
+        self._plan: LoraPlan | None = None  # set inside eval_mode when fused_lora applies
+        # Entering eval_mode walks every module (~1.6 ms for SmolLM2): the sampling loop enters
+        # it once and each step's nested entry is free.
+        self._in_eval_mode = False
+        # Weights sharded over ranks (FSDP2, `--shard-base`) exist whole only inside each module's
+        # own forward: no bare decode on the weights, no packed copies of them.
+        self.sharded = _is_sharded(model)
+        self.decoder = None if self.sharded else LlamaDecoder.build(model, self.is_peft)
+        self.use_bare_decode = True
+        self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
+
+    def new_cache(self, width: int) -> SlotCache:
+        """An empty cache of `width` columns for this model's layers."""
+        return SlotCache(self.num_layers, width, self.recurrent_layers)
+
+    def limits(self) -> ModelLimits:
+        adapters: frozenset[str] = frozenset()
+        if self.is_peft:
+            adapters = frozenset(self.model.peft_config.keys())
+        return ModelLimits(
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            adapters=adapters,
+            has_adapters=self.is_peft,
+            image_token_id=None if self.vision is None else self.vision.image_token_id,
+        )
+
+    @contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """Sampling runs in eval mode (no dropout; peft refuses adapter_names in training mode),
+        under inference_mode, with packed CPU linear layers; the caller's training flag and
+        layers are restored afterwards."""
+        if self._in_eval_mode:  # nested: the outer block has set everything up
+            yield
+            return
+        self._in_eval_mode = True
+        was_training = self.model.training
+        if was_training:
+            self.model.eval()
+        try:
+            packing = contextlib.nullcontext() if self.sharded else packed_linears(self.model)
+            with torch.inference_mode(), packing:
+                if not self.is_peft:
+                    yield
+                    return
+                with fused_lora(self.model) as plan:
+                    self._plan = plan
+                    try:
+                        yield
+                    finally:
+                        self._plan = None
+        finally:
+            self._in_eval_mode = False
+            if was_training:
+                self.model.train()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: SlotCache,
+        adapters: list[str | None],
+        all_positions: bool = False,
+        vision_inputs: dict | None = None,
+    ) -> torch.Tensor:
+        """Logits as float32: [B, V] for the last position, or [B, T, V] with all_positions.
+        `vision_inputs`: a prefill's pixel values and multimodal positions (`position_ids` is
+        then [4, B, T])."""
+        kwargs = {}
+        if self._plan is not None:
+            self._plan.set(adapters, self.device)
+        elif self.is_peft:
+            kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in adapters]
+        if (self.decoder is not None and self.use_bare_decode and not all_positions
+                and torch.is_inference_mode_enabled()
+                and self.decoder.ready(cache, input_ids, self._plan is not None)):
+            self.bare_steps += 1
+            groups = self._plan.groups if self._plan is not None else []
+            return self.decoder.forward(input_ids, position_ids, attention_mask, cache, groups)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._model_mask(attention_mask),
+            use_cache=True,
+            logits_to_keep=0 if all_positions else 1,
+            **{self.cache_keyword: cache},
+            **kwargs,
+            **(vision_inputs or {}),
+        )
+        logits = out.logits.float()
+        return logits if all_positions else logits[:, -1]
+
+    def _model_mask(self, visible: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """`visible` ([B, 1, Q, K] bool, queries in the last Q columns) as the model reads it."""
+        queries, keys = visible.shape[-2], visible.shape[-1]
+        within = column_window(queries, keys, visible.device)
+        # A query is a real token iff the last query (always real) may attend to its column.
+        real = visible[:, 0, -1, keys - queries :]
+        return model_attention_mask(self.text_config, visible, within, self.activation_dtype,
+                                    real_queries=real)

@@ -1,0 +1,2 @@
+"""Sampling calls: sampling sessions, asample, prompt-logprob targets, samplers restored
+after a restart."""

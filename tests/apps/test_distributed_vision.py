@@ -1,0 +1,93 @@
+"""A vision-language batch on `tinker-local serve --nproc-per-node 2` (gloo, world size 2): the
+same SDK script against one process and against two data-parallel ranks gives the same losses,
+logprobs, adapter weights and seeded samples, with images in training datums and prompts."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+import tinker
+from PIL import Image
+from test_distributed import _adapter_weights, _group, one_process  # noqa: F401 - a fixture
+from tinker import types
+
+from tinker_local import config
+from tinker_local.engine.models import builtin
+from tinker_local.engine.models.tiny_vision import TINY_QWEN3_VL
+
+pytestmark = pytest.mark.timeout(600)
+KEY = config.LOCAL_API_KEY
+IM_START, VISION_START, VISION_END = 151644, 151652, 151653
+
+
+def _image(width: int, height: int, seed: int) -> types.ImageChunk:
+    from transformers import AutoImageProcessor
+
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    processor = AutoImageProcessor.from_pretrained(builtin.ensure_built(TINY_QWEN3_VL))
+    count = processor.get_number_of_image_patches(height, width, {}) // processor.merge_size**2
+    return types.ImageChunk(data=out.getvalue(), format="png", expected_tokens=count)
+
+
+def _prompt(image: types.ImageChunk | None, text: list[int]) -> types.ModelInput:
+    chunks: list[Any] = [types.EncodedTextChunk(tokens=[IM_START, 872, 198])]
+    if image is not None:
+        chunks += [types.EncodedTextChunk(tokens=[VISION_START]), image,
+                   types.EncodedTextChunk(tokens=[VISION_END])]
+    chunks.append(types.EncodedTextChunk(tokens=text))
+    return types.ModelInput(chunks=chunks)
+
+
+def _datum(model_input: types.ModelInput) -> types.Datum:
+    kinds = [isinstance(c, types.EncodedTextChunk) for c in model_input.chunks
+             for _ in range(c.length)]
+    tokens = [t for c in model_input.chunks
+              for t in (c.tokens if isinstance(c, types.EncodedTextChunk) else [0] * c.length)]
+    targets = tokens[1:] + [13]
+    weights = [1.0 if i + 1 >= len(kinds) or kinds[i + 1] else 0.0 for i in range(len(kinds))]
+    return types.Datum(model_input=model_input,
+                       loss_fn_inputs={"target_tokens": targets, "weights": weights})
+
+
+def _script(url: str) -> dict[str, Any]:
+    inputs = [_prompt(_image(96, 64, 1), [3838, 374, 419, 30, 785]),
+              _prompt(None, [3838, 374, 304, 419, 2168, 30, 13]),
+              _prompt(_image(40, 150, 2), [3838, 30]),
+              _prompt(_image(64, 64, 3), [785, 2168, 4933, 264])]
+    data = [_datum(m) for m in inputs]
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
+        trainer = service.create_lora_training_client(
+            base_model=TINY_QWEN3_VL, rank=4, seed=3).result()
+        losses = []
+        for _ in range(2):
+            out = trainer.forward_backward(data, "cross_entropy").result()
+            losses.append(out.metrics["loss:sum"])
+            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        after = [o["logprobs"].to_numpy()
+                 for o in trainer.forward(data, "cross_entropy").result().loss_fn_outputs]
+        path = trainer.save_state("vision").result().path
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+        futures = [sampler.sample(m, 2, params) for m in inputs]
+        tokens = [[s.tokens for s in f.result().sequences] for f in futures]
+    return {"losses": losses, "after": after, "tokens": tokens, "weights": _adapter_weights(path)}
+
+
+def test_two_ranks_match_one_process_on_a_vision_batch(tmp_path, one_process) -> None:  # noqa: F811
+    want = _script(one_process)
+    with _group(tmp_path) as (_, url):
+        got = _script(url)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-6, atol=1e-5)
+    for a, b in zip(got["after"], want["after"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert got["weights"].keys() == want["weights"].keys()
+    for name, tensor in want["weights"].items():
+        np.testing.assert_allclose(got["weights"][name].numpy(), tensor.numpy(), atol=1e-5,
+                                   err_msg=name)
+    assert got["tokens"] == want["tokens"]
+    assert want["losses"][1] < want["losses"][0]

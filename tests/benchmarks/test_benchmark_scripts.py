@@ -1,0 +1,89 @@
+"""Every script in benchmarks/ runs to the end on the current API: each runs its `--smoke`
+configuration (the smallest one, on the tiny model) as a user would run it, in its own process,
+writing into a temporary folder. A script that needs an optional package (trl, vllm) is run
+with it when it is importable, and reported as skipped, with the reason, when it is not."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if "__main__" in p.read_text())
+
+# script -> (flag naming where its output goes, "file" or "dir", extra flags for the smoke run)
+OUTPUT = {
+    "decode_bound": ("--out", "file", []),
+    "distributed": ("--results", "file", []),
+    "gemm_rows": ("--out", "file", []),
+    "inference_apis": ("--out", "file", []),
+    "load": ("--out", "file", []),
+    "model_families": ("--out", "file", []),
+    "multi_adapter_train": ("--out", "file", []),
+    "rl_vs_trl": ("--out", "file", ["--skip-trl"]),  # TRL: test_rl_vs_trl_with_trl
+    "sampler": ("--out", "file", ["--engines", "ours", "ours_lora", "generate"]),
+    "scaling_memory": ("--out", "file", []),
+    "sft_pipeline_demo": ("--log-dir", "dir", []),
+    "sft_throughput": ("--out", "dir", []),
+    "train_memory": ("--out", "dir", []),
+    "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there
+    "verifier_worst_case": ("--out", "file", []),
+    "vision_throughput": ("--out", "dir", []),
+}
+
+
+def test_every_benchmark_script_has_a_smoke_run():
+    assert SCRIPTS and set(SCRIPTS) == set(OUTPUT), "a new script in benchmarks/ needs a case here"
+
+
+def _smoke(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    flag, kind, flags = OUTPUT[name]
+    target = out / f"{name}.json" if kind == "file" else out
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), "--smoke", flag, str(target), *flags,
+         *extra],
+        cwd=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
+    written = [target] if kind == "file" else sorted(target.glob("*.json"))
+    assert written and all(p.stat().st_size > 0 for p in written), (name, done.stdout[-2000:])
+    return done
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT))
+def test_benchmark_script_runs_to_the_end(name, tmp_path, tiny_model_folder):
+    # tiny_model_folder: the tiny model is built once here, not by several processes at once.
+    done = _smoke(name, tmp_path)
+    if name == "sft_pipeline_demo":
+        assert "| arithmetic |" in done.stdout and "final model:" in done.stdout
+        assert json.loads((tmp_path / "result.json").read_text())["final"]["label"]
+    if name == "sampler":
+        runs = json.loads((tmp_path / "sampler.json").read_text())["runs"]
+        assert sorted(r["engine"] for r in runs) == ["generate", "ours", "ours_lora"]
+
+
+def test_rl_vs_trl_with_trl(tmp_path, tiny_model_folder):
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("trl is not installed (pip install -e '.[bench]'): the TRL half of "
+                    "benchmarks/rl_vs_trl.py was not run")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "rl_vs_trl.py"), "--smoke", "--out",
+         str(tmp_path / "r.json")], cwd=tmp_path, timeout=600, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "trl" in json.loads((tmp_path / "r.json").read_text())["runs"]
+
+
+def test_sampler_with_vllm(tmp_path, tiny_model_folder):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (README, 'Optional: vLLM sampler'): the vllm engine "
+                    "of benchmarks/sampler.py was not run")  # fmt: skip
+    _smoke("sampler", tmp_path, "--engines", "vllm")
