@@ -7,8 +7,8 @@ each with the pipeline's defaults, evaluated greedily on the same held-out items
              (the pipeline's SFT and RL-after-SFT defaults; KL reference = the SFT weights)
 
 plus `base` and `sft_S` (the checkpoint sft_rl starts from). Paired comparisons use McNemar's
-exact test on the discordant items (scipy's binomtest; pooled over seeds, the pairs are
-(seed, item)). The lead should switch it to the shared test in `eval/` once that lands.
+exact test on the discordant items (`eval.paired.mcnemar_exact`, the test `eval --compare`
+uses; pooled over seeds, the pairs are (seed, item)).
 
     .venv/bin/python benchmarks/two_stage_arms.py [--tasks arithmetic,sat] [--seeds 0,1]
         [--total-steps 20] [--sft-steps 10] [--rl-batch-size 4] [--eval-n 200]
@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import binomtest
-
 from tinker_local.apps.pipeline import RL_AFTER_SFT_DEFAULTS, PipelineConfig
 from tinker_local.apps.rl import datasets_for
 from tinker_local.config import DEFAULT_BASE_MODEL
+from tinker_local.eval.paired import mcnemar_exact
 from tinker_local.eval.runner import EvalConfig, evaluate_models, verdict
 from tinker_local.eval.task_items import load_items
 from tinker_local.intervals import jeffreys_interval
@@ -231,9 +230,7 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
         raise ValueError("paired verdicts must have the same length")
     a_only = sum(x and not y for x, y in zip(a, b))
     b_only = sum(y and not x for x, y in zip(a, b))
-    n = a_only + b_only
-    p = binomtest(a_only, n, 0.5).pvalue if n else 1.0
-    return {"a_only": a_only, "b_only": b_only, "p": float(p)}
+    return {"a_only": a_only, "b_only": b_only, "p": mcnemar_exact(a_only, b_only)}
 
 
 def rate(flags: list[bool]) -> dict[str, float]:
