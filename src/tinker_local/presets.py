@@ -7,12 +7,14 @@ A preset only fills in defaults: a config file or an explicit flag overrides any
 `two-stage`: the settings of the two-stage (SFT, then RL) post-training guide.
 - LoRA rank 64, alpha 128, dropout 0.05, for both stages (alpha and dropout are the
   tinker-local `user_metadata` extension: the hosted service ignores them).
-- A cosine learning-rate schedule with a linear warm-up over the first 3 % of the steps
-  (the guide names no warm-up length; 3 % is the SFT default here), for both stages.
-- RL: PPO with a learned value model, GAE with gamma 0.99 and lambda 0.95, 4 PPO epochs per
-  minibatch, value-loss coefficient 0.5, entropy bonus 0.01.
-- SFT: a 90/10 train/validation split, keeping the checkpoint with the best validation loss
-  (the one RL starts from in the pipeline).
+- SFT: learning rate 2e-5, 3 epochs, a linear warm-up over the first 100 steps (cut to all but
+  the last step in a shorter run), then cosine decay; weight decay 0.01; a 90/10
+  train/validation split, keeping the checkpoint with the best validation loss (the one RL
+  starts from in the pipeline).
+- RL: learning rate 1e-5, a cosine schedule with a linear warm-up over the first 3 % of the steps
+  (the guide gives its warm-up length for SFT only; 3 % is this preset's choice for RL); PPO
+  with a learned value model, GAE with gamma 0.99 and lambda 0.95, 4 PPO epochs per minibatch,
+  value-loss coefficient 0.5, entropy bonus 0.01.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ PRESETS: dict[str, Preset] = {
         description="the two-stage (SFT -> RL) guide's LoRA, schedule and PPO settings",
         lora={"lora_rank": 64, "lora_alpha": 128.0, "lora_dropout": 0.05},
         rl={
+            "learning_rate": 1e-5,
             "lr_schedule": "cosine",
             "lr_warmup_ratio": 0.03,
             "advantage_estimator": "gae",
@@ -43,7 +46,14 @@ PRESETS: dict[str, Preset] = {
             "vf_coef": 0.5,
             "entropy_coef": 0.01,
         },
-        sft={"warmup_ratio": 0.03, "val_fraction": 0.1, "keep_best": True},
+        sft={
+            "learning_rate": 2e-5,
+            "epochs": 3,
+            "warmup_steps": 100,
+            "weight_decay": 0.01,
+            "val_fraction": 0.1,
+            "keep_best": True,
+        },
     ),
 }
 

@@ -56,6 +56,10 @@ def test_pipeline_end_to_end(tmp_path):
     assert (
         rl_meta["runs"][0]["arguments"]["load_checkpoint_path"] == sft_state["best"]["state_path"]
     )
+    # ... with the SFT policy as the KL's reference (kl/reference is logged every step).
+    assert rl_meta["runs"][0]["arguments"]["kl_reference"] == sft_state["best"]["sampler_path"]
+    rl_rows = [json.loads(x) for x in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert all("kl/reference" in r for r in rl_rows if "reward/mean" in r)
     report = json.loads((root / "eval" / "report.json").read_text())
     assert report["models"][0]["model"] == config.TINY_TEST_MODEL
     assert report["models"][1]["model"] == sft_state["best"]["sampler_path"]

@@ -35,6 +35,7 @@ OUTPUT = {
     "sft_throughput": ("--out", "dir", []),
     "suite_time": ("--out", "file", []),
     "train_memory": ("--out", "dir", []),
+    "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there
     "verifier_worst_case": ("--out", "file", []),
     "vision_throughput": ("--out", "dir", []),
 }

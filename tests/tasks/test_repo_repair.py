@@ -10,7 +10,7 @@ import pytest
 
 from tinker_local.tasks.repo_bank import generate_repo
 from tinker_local.tasks.repo_repair import RepoRepairWorld, make_worlds
-from tinker_local.tasks.world_base import play
+from tinker_local.tasks.world_base import DEFAULT_INVALID_ACTION_PENALTY, play
 
 
 def test_generated_repos_have_a_bug_and_a_known_fix() -> None:
@@ -107,7 +107,8 @@ def test_deleting_the_tests_does_not_pass() -> None:
 def test_malformed_actions_are_invalid_not_errors(garbage: str) -> None:
     world = _world()
     step = world.step(garbage)
-    assert step.metrics["invalid_action"] == 1.0 and step.reward == 0.0
+    assert step.metrics["invalid_action"] == 1.0
+    assert step.reward == -DEFAULT_INVALID_ACTION_PENALTY
 
 
 def test_step_async_runs_tests_off_the_event_loop() -> None:

@@ -14,7 +14,7 @@ from tinker_local.tasks import (
     lab_world,
     shopping_world,
 )
-from tinker_local.tasks.world_base import parse_action, play
+from tinker_local.tasks.world_base import DEFAULT_INVALID_ACTION_PENALTY, parse_action, play
 
 WORLDS = {
     "grid": grid_world,
@@ -85,7 +85,7 @@ def test_invalid_actions_get_feedback_and_are_counted(name: str) -> None:
     assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
     for garbage in ["", "\x00\xff", "xyzzy", "🙂" * 50]:
         step = world.step(garbage)
-        assert step.reward == 0.0 and not step.done
+        assert step.reward == -DEFAULT_INVALID_ACTION_PENALTY and not step.done
         assert step.metrics["invalid_action"] == 1.0
         assert "Invalid action" in step.observation
 

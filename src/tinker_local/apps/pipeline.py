@@ -23,7 +23,10 @@ SFT trains on `sft.data`, or on what `collect` writes from the tasks' training s
 answers and expert trajectories, or, with `collect.debate`, the winning sides of debates between
 two samples of `debate.policy` (default: the base model) judged by the task's verifier or by a
 model (`judge`: "rule" or a model the server serves; also `rounds`, `max_tokens`, `temperature`).
-RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer. Every
+RL starts from the SFT checkpoint with the best validation loss, with a fresh optimizer, that
+checkpoint as the KL's reference (`kl/reference` is logged every step), and its own defaults
+(`RL_AFTER_SFT_DEFAULTS`: learning rate, KL coefficient, advantage normalisation, group size,
+measured in docs/recipes.md) under the preset and the `rl` section. Every
 stage writes under `log_dir` (`collect/`, `sft/`, `rl/`, `eval/`) and resumes from there, so
 running the same command again continues an interrupted pipeline.
 
@@ -91,6 +94,18 @@ from tinker_local.tasks.mixture import DatasetsMaker, TaskMixture
 from tinker_local.tracking import Tracker, TrackingSettings, check_available
 
 logger = logging.getLogger(__name__)
+
+# The RL stage's defaults after SFT, under the preset, the `rl` section and the flags (which
+# override them). The `rl` command's defaults (the automatic LoRA learning rate, KL off, GRPO's
+# std-normalised advantages) are made for RL from a base model; an SFT policy is already close
+# to what RL rewards, and at the base model's rate RL undid the SFT stage (0.45 -> 0.07 on
+# arithmetic). Chosen by the sweep in docs/recipes.md ("RL after SFT").
+RL_AFTER_SFT_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 1e-4,
+    "kl_penalty_coef": 0.0,
+    "normalize_advantages_by_std": False,
+    "group_size": 8,
+}
 
 _SECTIONS = {"log_dir", "base_model", "preset", "collect", "sft", "rl", "eval", "tracking"}
 _TRACKING_KEYS = {"wandb_project", "wandb_name", "tensorboard"}
@@ -173,7 +188,11 @@ class PipelineConfig:
             raise TypeError("rl.task_options must be an object of [TASK.]KEY: VALUE")
         return TaskMixture.of(self.rl["task"]), options
 
-    def rl_config(self, load_checkpoint_path: str | None) -> RLConfig:
+    def rl_config(
+        self, load_checkpoint_path: str | None, reference: str | None = None
+    ) -> RLConfig:
+        """The RL stage's settings, starting from `load_checkpoint_path` (the SFT state) with
+        `reference` (the SFT sampler weights) as the KL's reference policy."""
         assert self.rl is not None
         settings = {k: v for k, v in self.rl.items() if k not in ("task", "task_options")}
         for key in ("log_dir", "base_model", "load_checkpoint_path"):
@@ -183,6 +202,8 @@ class PipelineConfig:
         # resumes from its own checkpoints (load_checkpoint_path is ignored then).
         return RLConfig.from_dict(
             {
+                **RL_AFTER_SFT_DEFAULTS,
+                **({"kl_reference": reference} if reference else {}),
                 **presets.rl_settings(self.preset),
                 **self._tracking_fields("rl"),
                 **settings,
@@ -276,9 +297,11 @@ def run_rl(
     service: tinker.ServiceClient,
     sft_state_path: str,
     datasets: DatasetsMaker | None = None,
+    reference: str | None = None,
 ) -> str:
-    """RL from the SFT weights; returns the final RL sampler path."""
-    rl_config = cfg.rl_config(sft_state_path)
+    """RL from the SFT weights (`reference`: the SFT sampler weights, the KL's reference);
+    returns the final RL sampler path."""
+    rl_config = cfg.rl_config(sft_state_path, reference)
     result = train_rl(rl_config, datasets or cfg.rl_datasets(rl_config), service_client=service)
     if result.final_sampler_path is None:
         raise RuntimeError(f"RL run in {rl_config.log_dir} ended without sampler weights")
@@ -350,6 +373,7 @@ def run_pipeline(
     stages: list[Stage] = []
     models = [("base", cfg.base_model)]
     sft_state: str | None = None
+    sft_sampler: str | None = None
     collected: Path | None = None
     collect_failed = False
     if cfg.collect:
@@ -368,7 +392,7 @@ def run_pipeline(
             if chosen is None or chosen.sampler_path is None:
                 raise RuntimeError("SFT finished without a sampler checkpoint")
             models.append(("sft", chosen.sampler_path))
-            sft_state = chosen.state_path
+            sft_state, sft_sampler = chosen.state_path, chosen.sampler_path
             stages.append(Stage("sft", "ok", model=chosen.sampler_path))
         except Exception as error:  # noqa: BLE001
             stages.append(_failure("sft", error))
@@ -377,7 +401,7 @@ def run_pipeline(
             stages.append(Stage("rl", "skipped", error="no SFT checkpoint to start from"))
         else:
             try:
-                path = run_rl(cfg, service, sft_state, rl_datasets)
+                path = run_rl(cfg, service, sft_state, rl_datasets, reference=sft_sampler)
                 models.append(("rl", path))
                 stages.append(Stage("rl", "ok", model=path))
             except Exception as error:  # noqa: BLE001

@@ -35,8 +35,23 @@ PPO with a learned value model (`advantage_estimator="gae"`, a tinker-local exte
   works with either advantage estimator). The hosted service has neither the value model nor
   this key.
 
+KL, entropy, over-long answers, early stopping (`reference_kl.py`, `overlong.py`,
+`early_stopping.py`)
+- `kl_penalty_coef=0.0`: > 0 subtracts coef x (log pi_sampler - log pi_reference) from each
+  action token's advantage. `kl_reference=None` is the base model; the pipeline's RL stage sets
+  the SFT checkpoint it starts from, so RL is held near the SFT policy, not the base model.
+- `log_reference_kl=True`: `kl/reference` (k1), `kl/reference_k3` and `entropy/sampled` every
+  step, whatever the coefficients (one reference `compute_logprobs` per sampled sequence; False
+  saves it when no KL penalty needs it).
+- `overlong="keep"`: cut-off answers are scored as they are; "filter" drops them from their
+  group, "penalize" takes up to `overlong_penalty` (1.0) off their reward, ramping over the last
+  `overlong_buffer` (0) tokens before `max_tokens`.
+- `early_stopping_patience=None`: K stops the run after K greedy evaluations in a row without a
+  better success rate (by more than `early_stopping_min_delta`); needs `eval_every > 0`.
+
 Optimizer
-- `learning_rate=None` picks the hidden-size rule in `learning_rate.py`; AdamW beta1 0.9,
+- `learning_rate=None` picks the hidden-size rule in `learning_rate.py` (the pipeline's RL stage,
+  which starts from an SFT model, has its own measured defaults: `apps/pipeline.py`); AdamW beta1 0.9,
   beta2 0.95 (the Tinker defaults), eps 1e-8, no weight decay; `grad_clip_norm=1.0` caps the
   occasional huge policy-gradient step (the cookbook runs without clipping, which the audit
   flagged).
@@ -161,8 +176,20 @@ class RLConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float = 1.0
     # optional corrections
-    kl_penalty_coef: float = 0.0  # > 0: penalise log(pi_sampler / pi_base) per token
+    kl_penalty_coef: float = 0.0  # > 0: penalise log(pi_sampler / pi_reference) per token
+    # The KL's reference: a base model name or a tinker:// sampler path (None: base_model). The
+    # pipeline sets it to the SFT checkpoint its RL stage starts from.
+    kl_reference: str | None = None
+    log_reference_kl: bool = True  # kl/reference and kl/reference_k3 every step (reference_kl.py)
     tis_cap: float | None = None  # truncated importance weights on sampler/learner mismatch
+    # over-long answers (cut off at max_tokens): "keep", "filter" or "penalize" (overlong.py)
+    overlong: Literal["keep", "filter", "penalize"] = "keep"
+    overlong_penalty: float = 1.0  # penalize: the reward lost by a turn that reaches max_tokens
+    overlong_buffer: int = 0  # penalize: tokens before max_tokens where the penalty ramps up
+    # early stopping on the greedy evaluation (every eval_every steps): stop after this many
+    # evaluations in a row that do not beat the best success rate by more than min_delta
+    early_stopping_patience: int | None = None
+    early_stopping_min_delta: float = 0.0
     # async off-policy and streaming minibatches
     max_steps_off_policy: int | None = None
     num_minibatches: int = 1
@@ -212,10 +239,23 @@ class RLConfig:
             "lr_warmup_ratio": 0 <= self.lr_warmup_ratio < 1,
             "grad_clip_norm": self.grad_clip_norm >= 0,
             "kl_penalty_coef": self.kl_penalty_coef >= 0,
+            "kl_reference": self.kl_reference is None
+            or (isinstance(self.kl_reference, str) and bool(self.kl_reference.strip())),
             "tis_cap": self.tis_cap is None or self.tis_cap >= 1,
             "max_steps_off_policy": self.max_steps_off_policy is None
             or self.max_steps_off_policy >= 0,
             "num_minibatches": 1 <= self.num_minibatches <= self.batch_size,
+            "overlong": self.overlong in ("keep", "filter", "penalize"),
+            "overlong_penalty": _is_number(self.overlong_penalty)
+            and 0 <= self.overlong_penalty < math.inf,
+            "overlong_buffer": isinstance(self.overlong_buffer, int)
+            and 0 <= self.overlong_buffer < self.max_tokens,
+            "early_stopping_patience": self.early_stopping_patience is None
+            or (isinstance(self.early_stopping_patience, int)
+                and not isinstance(self.early_stopping_patience, bool)
+                and self.early_stopping_patience >= 1),
+            "early_stopping_min_delta": _is_number(self.early_stopping_min_delta)
+            and 0 <= self.early_stopping_min_delta < math.inf,
             "eval_every": self.eval_every >= 0,
             "save_every": self.save_every >= 0,
             "transcripts_per_step": self.transcripts_per_step >= 0,
@@ -241,6 +281,11 @@ class RLConfig:
                 f"RLConfig.keep_best={self.keep_best} ranks periodic checkpoints by the greedy "
                 f"evaluation at their step, so save_every ({self.save_every}) must be a positive "
                 f"multiple of eval_every ({self.eval_every})"
+            )
+        if self.early_stopping_patience is not None and not self.eval_every:
+            raise ValueError(
+                "RLConfig.early_stopping_patience needs eval_every > 0: it counts the greedy "
+                "evaluations that do not improve on the best"
             )
         if self.group_size == 1 and self.advantage_estimator == "group":
             raise ValueError(

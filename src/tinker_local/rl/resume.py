@@ -13,14 +13,17 @@ rank for `keep_best` (`record_evaluation`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tinker_local.rl import checkpoints
 from tinker_local.rl.checkpoints import FINAL, PERIODIC, CheckpointRecord
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.critic import Critic
+from tinker_local.rl.early_stopping import EarlyStopping
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +36,40 @@ class RunStart:
     data_cursor: int
 
 
+EARLY_STOP_FILE = "early_stop.json"
+
+
 def is_finished(record: CheckpointRecord | None, config: RLConfig) -> bool:
-    """Whether the log directory's last checkpoint already ends a run of `config.max_steps`."""
-    return record is not None and record.final and record.step >= config.max_steps
+    """Whether the log directory's last checkpoint already ends a run of `config.max_steps`, or
+    one that early stopping ended at that checkpoint's step."""
+    if record is None or not record.final:
+        return False
+    return record.step >= config.max_steps or early_stop_step(config.log_dir) == record.step
+
+
+def early_stop_step(log_dir: str) -> int | None:
+    path = Path(log_dir) / EARLY_STOP_FILE
+    return int(json.loads(path.read_text())["step"]) if path.exists() else None
+
+
+def mark_early_stop(log_dir: str, step: int, stopper: EarlyStopping | None) -> None:
+    """Record that early stopping ended the run at `step` (a rerun then finds it finished)."""
+    reason = stopper.describe() if stopper is not None else ""
+    (Path(log_dir) / EARLY_STOP_FILE).write_text(
+        json.dumps({"step": step, "reason": reason}) + "\n"
+    )
+
+
+def early_stopping_for(config: RLConfig, rows: list[dict[str, Any]]) -> EarlyStopping | None:
+    """The early-stopping state of a run (None without patience), replayed from the greedy
+    evaluations its metrics log kept (a resumed run continues the count)."""
+    if config.early_stopping_patience is None:
+        return None
+    stopper = EarlyStopping(
+        config.early_stopping_patience, True, config.early_stopping_min_delta
+    )
+    evaluations = [row for row in rows if ranking_metric(row) is not None]
+    return stopper.replay(float(row[ranking_metric(row)]) for row in evaluations)
 
 
 async def start_run(

@@ -35,6 +35,7 @@ from tinker_local.rl.config import RLConfig
 from tinker_local.rl.critic import Critic, open_value_client
 from tinker_local.rl.data import TrainSequence, output_logprobs, to_forward_datum
 from tinker_local.rl.debug_dump import StepDump
+from tinker_local.rl.early_stopping import EarlyStopping
 from tinker_local.rl.env_errors import check_error_fraction, log_first_error
 from tinker_local.rl.group_source import GroupSource
 from tinker_local.rl.learning_rate import (
@@ -51,8 +52,18 @@ from tinker_local.rl.minibatch import (
     group_advantage_sequences,
     merge_minibatch_metrics,
 )
+from tinker_local.rl.overlong import handle_overlong
+from tinker_local.rl.reference_kl import (
+    ReferencePolicy,
+    all_sequences,
+    reference_kl,
+    sampled_entropy,
+)
 from tinker_local.rl.resume import (
+    early_stopping_for,
     is_finished,
+    mark_early_stop,
+    ranking_metric,
     record_evaluation,
     save_checkpoint,
     start_run,
@@ -132,11 +143,13 @@ class Trainer:
             config.max_tokens, config.temperature, config.top_k, config.top_p
         )
         self.greedy = SamplingSettings(config.eval_max_tokens or config.max_tokens, 0.0)
-        self._base_sampler: Any = None
+        self.reference = ReferencePolicy(service_client, config.kl_reference or config.base_model)
         self._checkpoint_values: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._step_seqs: list[TrainSequence] = []  # what this step trained on, all minibatches
         self.dump = StepDump(config.log_dir, tokenizer) if config.debug_dump else None
+        self.early_stop: EarlyStopping | None = None
+        self.stopped_early_at: int | None = None
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -147,6 +160,7 @@ class Trainer:
             {**cfg.to_dict(), "learning_rate_used": self.learning_rate},
             resumed_at=self.start_step or None,
         )
+        self.early_stop = early_stopping_for(cfg, self.log.read())
         source = GroupSource(cfg, self.train_data, self.settings, data_cursor=self.data_cursor)
         final_record = None
         try:
@@ -154,11 +168,18 @@ class Trainer:
                 if await self.step(step, source):
                     logger.info("paused after step %d; run again to resume", step + 1)
                     return TrainResult(step + 1, cfg.log_dir, None, None, self.last_eval)
-            steps_done = max(cfg.max_steps, self.start_step)
-            sampler = await self.training_client.save_weights_and_get_sampling_client()
-            final_eval = await self.evaluate(sampler, steps_done)
-            if self.on_step is not None and final_eval:
-                self.on_step(steps_done, final_eval)
+                if self.stopped_early_at is not None:
+                    break
+            if self.stopped_early_at is not None:
+                # The evaluation that stopped the run is the final one: same weights.
+                steps_done = self.stopped_early_at
+                mark_early_stop(cfg.log_dir, steps_done, self.early_stop)
+            else:
+                steps_done = max(cfg.max_steps, self.start_step)
+                sampler = await self.training_client.save_weights_and_get_sampling_client()
+                final_eval = await self.evaluate(sampler, steps_done)
+                if self.on_step is not None and final_eval:
+                    self.on_step(steps_done, final_eval)
             final_record = await self.save(steps_done, final=True)
             self.log.tracker.summary({**self.last_eval, "steps_done": steps_done})
         finally:
@@ -189,13 +210,17 @@ class Trainer:
             values["time/eval"] = time.perf_counter() - eval_started
             if self.on_step is not None and evaluated:
                 self.on_step(step, evaluated)
+            if self._stops_early(step, evaluated):
+                return False
         rollout_started = time.perf_counter()
+        self.reference.new_step()
         groups, train_values = await self.train_stream(step, source.groups(step, sampler))
         log_first_error(step, groups)
         self.data_cursor = source.data_cursor(step)
         values.update(rollout_metrics(groups, step))
         values.update(train_values)
         values.update(advantage_metrics(self._step_seqs))
+        values.update(await self._drift_metrics(groups))
         if self.dump is not None:
             self.dump.write(step)
         values["time/rollout_and_train"] = time.perf_counter() - rollout_started
@@ -225,6 +250,18 @@ class Trainer:
         if self.on_step is not None:
             self.on_step(step, values)
         return pause
+
+    def _stops_early(self, step: int, evaluated: dict[str, float]) -> bool:
+        """Whether the evaluation at `step` ends the run (`early_stopping_patience`)."""
+        name = ranking_metric(evaluated)
+        if self.early_stop is None or name is None:
+            return False
+        if not self.early_stop.update(evaluated[name]):
+            return False
+        self.stopped_early_at = step
+        logger.info("early stop at step %d: %s %s", step, name, self.early_stop.describe())
+        self.log.log(step, {"early_stop/step": float(step), "early_stop/best": self.early_stop.best})
+        return True
 
     async def save(self, step: int, *, final: bool) -> CheckpointRecord:
         """Checkpoint, then retention (when asked) and the checkpoints' disk use."""
@@ -280,7 +317,18 @@ class Trainer:
         groups: list[TrajectoryGroup] = []
         pending: list[TrajectoryGroup] = []
         rows: list[dict[str, float]] = []
+        overlong: list[dict[str, float]] = []
         async for group in stream:
+            if self.cfg.overlong != "keep":  # filter or penalise cut-off answers (overlong.py)
+                overlong.append(
+                    handle_overlong(
+                        [group],
+                        self.cfg.overlong,
+                        self.cfg.max_tokens,
+                        self.cfg.overlong_penalty,
+                        self.cfg.overlong_buffer,
+                    )
+                )
             groups.append(group)
             pending.append(group)
             if len(pending) == per_minibatch or len(groups) == self.cfg.batch_size:
@@ -288,7 +336,10 @@ class Trainer:
                 check_error_fraction(groups, self.cfg.max_env_error_fraction, step=step)
                 rows.append(await self.train_minibatch(pending))
                 pending = []
-        return groups, merge_minibatch_metrics(rows)
+        merged = merge_minibatch_metrics(rows)
+        for key in {k for row in overlong for k in row}:
+            merged[key] = sum(row.get(key, 0.0) for row in overlong) / len(overlong)
+        return groups, merged
 
     async def train_minibatch(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """Advantages (group baseline, or GAE from the critic), datums, then `ppo_epochs`
@@ -308,7 +359,7 @@ class Trainer:
             if group_seqs is None:
                 return dict(SKIPPED)
             seqs, metrics = group_seqs, {}
-        base = await self._reference_logprobs(seqs) if cfg.kl_penalty_coef > 0 else None
+        base = await self.reference.logprobs(seqs) if cfg.kl_penalty_coef > 0 else None
         learner = await self._learner_logprobs(seqs) if cfg.tis_cap is not None else None
         batch = assemble(seqs, cfg, base_logprobs=base, learner_logprobs=learner, metrics=metrics)
         self._step_seqs += batch.seqs
@@ -344,17 +395,14 @@ class Trainer:
             out.update(await self.critic.finish_epoch(critic_epoch, epoch, batch.seqs))
         return out
 
-    async def _reference_logprobs(self, seqs: Sequence[TrainSequence]) -> list[list[float]]:
-        """The base model's logprobs of every sequence (the KL penalty's reference)."""
-        if self._base_sampler is None:  # once, before the concurrent requests that share it
-            self._base_sampler = await self.service_client.create_sampling_client(
-                base_model=self.cfg.base_model
-            )
-        sampler = self._base_sampler
-        answers = await asyncio.gather(
-            *(sampler.compute_logprobs(tinker.ModelInput.from_ints(s.tokens)) for s in seqs)
-        )
-        return [[0.0 if v is None else float(v) for v in values] for values in answers]
+    async def _drift_metrics(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Entropy of the sampled tokens, and KL to the reference (`log_reference_kl`), over
+        every sequence the step sampled, whatever the coefficients (`reference_kl.py`)."""
+        seqs = all_sequences(groups)
+        out = sampled_entropy(seqs)
+        if self.cfg.log_reference_kl and seqs:
+            out.update(reference_kl(seqs, await self.reference.logprobs(seqs)))
+        return out
 
     async def _learner_logprobs(self, seqs: Sequence[TrainSequence]) -> list[list[float]]:
         """The learner's logprobs before this minibatch's update (for TIS)."""

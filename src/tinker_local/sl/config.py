@@ -5,8 +5,9 @@ Defaults, and why:
   `lora_alpha` and `lora_dropout` go to tinker-local as `user_metadata` (an extension the hosted
   service does not have), exactly as in `RLConfig`.
 - learning_rate 2e-4: LoRA wants roughly ten times the learning rate of full fine-tuning; 1e-4 to
-  5e-4 is the usual range for small models. Linear warm-up over the first 3 % of steps, then
-  cosine decay to 10 % of the peak (`min_lr_ratio`).
+  5e-4 is the usual range for small models. Linear warm-up over the first 3 % of steps
+  (`warmup_ratio`; `warmup_steps`, when set, is a step count instead and wins), then cosine
+  decay to 10 % of the peak (`min_lr_ratio`).
 - AdamW beta1 0.9, beta2 0.95, eps 1e-8 (the Tinker defaults for beta1/beta2); weight decay 0.0,
   since LoRA's low rank already regularises and decay pulls adapters towards the base model only
   slowly; `grad_clip_norm` 1.0.
@@ -24,6 +25,11 @@ Defaults, and why:
   (a resume needs it) and the final one are never deleted. `save_sampler_weights=False`: True
   saves sampler weights with every resumable checkpoint too. The checkpoints' disk use is in
   `run_metadata.json` (`checkpoints`).
+- Early stopping: `early_stopping_patience=None` trains every step. K >= 1 stops after K
+  validations in a row that do not lower the best validation loss by more than
+  `early_stopping_min_delta` (0.0); the run then ends as a finished one (final checkpoint, and
+  the best checkpoint still the one the pipeline starts RL from), its `result.json` saying
+  `early_stopped`. Validation runs every `eval_every` steps, so patience counts those.
 - Tracking: `wandb_project`, `wandb_name` (default: the log dir's name), `wandb_group`,
   `tensorboard` (see `tinker_local.tracking`; optional extras `.[wandb]`, `.[tensorboard]`).
 """
@@ -63,6 +69,7 @@ class SFTConfig:
     max_steps: int | None = None  # cap on optimizer steps (the schedule is fitted to it)
     learning_rate: float = 2e-4
     warmup_ratio: float = 0.03
+    warmup_steps: int | None = None  # a warm-up length in steps; wins over warmup_ratio
     min_lr_ratio: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -74,6 +81,8 @@ class SFTConfig:
     keep_best: int = 1  # best-validation checkpoints saved (and kept by retention); 0: none
     keep_last: int | None = None  # None keeps every checkpoint; K keeps the K newest resumable
     save_sampler_weights: bool = False  # resumable checkpoints also save sampler weights
+    early_stopping_patience: int | None = None  # validations without improvement before stopping
+    early_stopping_min_delta: float = 0.0
     wandb_project: str | None = None
     wandb_name: str | None = None  # default: the log dir's name
     wandb_group: str | None = None
@@ -91,6 +100,15 @@ class SFTConfig:
             or (_is_number(self.lora_alpha) and 0 < self.lora_alpha < math.inf),
             "lora_dropout": _is_number(self.lora_dropout) and 0 <= self.lora_dropout < 1,
             "warmup_ratio": _is_number(self.warmup_ratio) and 0 <= self.warmup_ratio < 1,
+            "warmup_steps": self.warmup_steps is None
+            or (isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
+                and self.warmup_steps >= 0),
+            "early_stopping_patience": self.early_stopping_patience is None
+            or (isinstance(self.early_stopping_patience, int)
+                and not isinstance(self.early_stopping_patience, bool)
+                and self.early_stopping_patience >= 1),
+            "early_stopping_min_delta": _is_number(self.early_stopping_min_delta)
+            and 0 <= self.early_stopping_min_delta < math.inf,
             "max_length": self.max_length >= 2,
             "learning_rate": self.learning_rate > 0,
             "eval_every": self.eval_every >= 0,

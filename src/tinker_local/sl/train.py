@@ -25,6 +25,7 @@ import tinker
 
 from tinker_local.rl import checkpoints
 from tinker_local.rl.checkpoints import BEST, FINAL, PERIODIC, CheckpointRecord
+from tinker_local.rl.early_stopping import EarlyStopping
 from tinker_local.rl.metrics import run_metadata, update_metadata
 from tinker_local.rl.retention import RetentionPolicy, apply_retention, disk_use, rest_client_for
 from tinker_local.schedule import WarmupCosine, warmup_steps_for
@@ -147,9 +148,17 @@ class SFTRun:
         self.schedule = WarmupCosine(
             peak_lr=cfg.learning_rate,
             total_steps=self.total_steps,
-            warmup_steps=warmup_steps_for(self.total_steps, cfg.warmup_ratio),
+            warmup_steps=self._warmup_steps(),
             min_ratio=cfg.min_lr_ratio,
         )
+        self.early_stop = None
+        if cfg.early_stopping_patience is not None:
+            # Rebuilt from the validations the log kept (those up to the resumed checkpoint).
+            self.early_stop = EarlyStopping(
+                cfg.early_stopping_patience, False, cfg.early_stopping_min_delta
+            ).replay(
+                r["val_loss"] for r in self.log.metrics() if r.get("event") == "validation"
+            )
         if self.state.step == 0:
             self.log.log(
                 {
@@ -162,6 +171,13 @@ class SFTRun:
                     "total_steps": self.total_steps,
                 }
             )
+
+    def _warmup_steps(self) -> int:
+        """`warmup_steps` when set (at most all but the last step), else the ratio's count."""
+        cfg = self.config
+        if cfg.warmup_steps is None:
+            return warmup_steps_for(self.total_steps, cfg.warmup_ratio)
+        return min(cfg.warmup_steps, self.total_steps - 1)
 
     def _batch(self, step: int) -> list[Example]:
         epoch, index = divmod(step, self.steps_per_epoch)
@@ -216,6 +232,8 @@ class SFTRun:
             )
             record["new_best"] = True
         self.log.log(record)
+        if self.early_stop is not None and self.early_stop.update(loss):
+            self.log.log({"step": step, "event": "early_stop", "reason": self.early_stop.describe()})
         return loss
 
     def _checkpoint(
@@ -301,12 +319,16 @@ class SFTRun:
         first = self.state.step
         if first == 0:
             self._validate(0)  # the starting point every later validation is compared with
+        end = self.total_steps
         for step in range(first, self.total_steps):
             self.log.log(self._train_step(step))
             done = step + 1
             end_of_epoch = done % self.steps_per_epoch == 0 or done == self.total_steps
             if end_of_epoch or (cfg.eval_every and done % cfg.eval_every == 0):
                 self._validate(done)
+            if self.early_stop is not None and self.early_stop.should_stop:
+                end = done
+                break
             pause = stop_after_steps is not None and done - first >= stop_after_steps
             if end_of_epoch or pause or (cfg.save_every and done % cfg.save_every == 0):
                 self._save_resumable(done)
@@ -314,11 +336,10 @@ class SFTRun:
                 return self._result()
 
         final = self._checkpoint(
-            "final", self.total_steps, self._val_loss_at.get(self.total_steps),
-            sampler=True, kind=FINAL,
+            "final", end, self._val_loss_at.get(end), sampler=True, kind=FINAL
         )
         self.state.finished = True
-        self.state.step = self.total_steps
+        self.state.step = end
         self.state.last = final
         self.log.save_state(self.state)
         self._after_save()
@@ -333,6 +354,7 @@ class SFTRun:
                 "steps": result.steps,
                 "final": final.__dict__,
                 "best": self.state.best.__dict__ if self.state.best else None,
+                "early_stopped": end < self.total_steps,
             },
         )
         return result

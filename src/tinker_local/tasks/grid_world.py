@@ -1,7 +1,8 @@
 """Grid navigation (BabyAI-like): two rooms joined by a door; reach the goal square.
 
-World: a walled grid (7-9 columns, 5-7 rows) split by a wall with one door. The agent starts in
-the left room facing a random direction; the goal is in the right room. Half the doors are
+World: a walled grid (7-9 columns, 5-7 rows; `size=N` adds N to both ranges, the difficulty
+knob of a curriculum) split by a wall with one door. The agent starts in the left room facing a
+random direction; the goal is in the right room. Half the doors are
 locked: the key lies in the left room and must be picked up before `toggle` opens the door.
 Keys and closed doors block movement. Rows grow southwards, columns eastwards.
 Actions: `forward`, `turn left`, `turn right`, `pick up` (the key in front), `toggle` (open or
@@ -46,9 +47,16 @@ class GridWorld(ActionWorld):
     action_help = "forward | turn left | turn right | pick up | toggle"
     max_turns = 50
 
+    def __init__(self, seed: int = 0, max_turns: int | None = None, *, size: int = 0):
+        super().__init__(seed, max_turns)
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 50:
+            raise ValueError(f"grid: size must be an integer in [0, 50], got {size!r}")
+        self.size = size
+
     def _setup(self) -> str:
         rng = self.rng
-        self.width, self.height = rng.randint(7, 9), rng.randint(5, 7)
+        grow = self.size
+        self.width, self.height = rng.randint(7 + grow, 9 + grow), rng.randint(5 + grow, 7 + grow)
         self.wall_x = rng.randint(3, self.width - 4)
         self.door = (self.wall_x, rng.randint(1, self.height - 2))
         left = [(x, y) for x in range(1, self.wall_x) for y in range(1, self.height - 1)]
@@ -167,6 +175,21 @@ class GridWorld(ActionWorld):
 
 
 def make_worlds(
-    split: str = "train", n: int | None = None, *, seed: int = 0, max_turns: int | None = None
+    split: str = "train",
+    n: int | None = None,
+    *,
+    seed: int = 0,
+    max_turns: int | None = None,
+    invalid_action_penalty: float | None = None,
+    size: int = 0,
 ) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(GridWorld, split, n, seed, max_turns=max_turns)
+    GridWorld(size=size)  # a bad size fails here, not when a rollout builds its world
+    return make_world_factories(
+        GridWorld,
+        split,
+        n,
+        seed,
+        max_turns=max_turns,
+        invalid_action_penalty=invalid_action_penalty,
+        size=size,
+    )

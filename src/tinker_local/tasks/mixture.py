@@ -33,6 +33,7 @@ from typing import Any
 
 from tinker_local.rl.types import EnvGroupBuilder, RLDataset
 from tinker_local.tasks import registry, user_task
+from tinker_local.tasks.curriculum import curriculum_dataset, without_curriculum
 
 DatasetsMaker = Callable[[Any], tuple[RLDataset, RLDataset]]
 
@@ -172,7 +173,7 @@ class TaskMixture:
             raise ValueError(f"options for {unknown[0]!r}, which is not in the mixture")
 
         def build(name: str, tokenizer: Any, split: str, batch: int, group: int) -> RLDataset:
-            try:
+            def dataset(options: dict[str, Any]) -> RLDataset:
                 return registry.make_dataset(
                     name,
                     tokenizer,
@@ -180,8 +181,17 @@ class TaskMixture:
                     batch_size=batch,
                     group_size=group,
                     seed=seed,
-                    **per_task[name],
+                    **options,
                 )
+
+            try:
+                # A difficulty curriculum walks the training stream through levels; the
+                # held-out set keeps the task's own options (curriculum.py).
+                if split == "train":
+                    staged = curriculum_dataset(name, per_task[name], dataset)
+                    if staged is not None:
+                        return staged
+                return dataset(without_curriculum(per_task[name]))
             except (TypeError, ValueError, KeyError, OSError) as error:
                 message = error.args[0] if isinstance(error, KeyError) and error.args else error
                 raise TaskDataError(f"task {name!r} ({split} split): {message}") from error

@@ -177,12 +177,14 @@ def make_worlds(
     n_bugs: int = 1,
     partial_credit: float = 0.0,
     sandbox: SandboxConfig | None = None,
+    invalid_action_penalty: float | None = None,
 ) -> list[Callable[[], TextWorld]]:
     return make_world_factories(
         RepoRepairWorld,
         split,
         n,
         seed,
+        invalid_action_penalty=invalid_action_penalty,
         max_turns=max_turns,
         n_bugs=n_bugs,
         partial_credit=partial_credit,

@@ -182,6 +182,13 @@ class ShoppingWorld(ActionWorld):
 
 
 def make_worlds(
-    split: str = "train", n: int | None = None, *, seed: int = 0, max_turns: int | None = None
+    split: str = "train",
+    n: int | None = None,
+    *,
+    seed: int = 0,
+    max_turns: int | None = None,
+    invalid_action_penalty: float | None = None,
 ) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(ShoppingWorld, split, n, seed, max_turns=max_turns)
+    return make_world_factories(
+        ShoppingWorld, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
+    )

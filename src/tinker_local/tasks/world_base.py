@@ -7,6 +7,14 @@ feedback when it can't be done) and `expert_action()`. `reset()` rebuilds everyt
 seed, so a world can be replayed; `make_world_factories` hands out zero-argument callables that
 build fresh, identical worlds (what a group of rollouts needs).
 
+Invalid actions (unparseable, or `InvalidAction`) earn `-invalid_action_penalty` (default
+`DEFAULT_INVALID_ACTION_PENALTY`, 0.01; the task option `invalid_action_penalty` of every world
+sets it, 0 turns it off). Without it a failed episode scores 0 however it failed, so a group
+where nobody succeeds has no signal; with it, fewer invalid actions score higher. It is small
+on purpose: below 1 / max_turns for every world here (at most 60 turns), so even an episode of
+nothing but invalid actions loses less than one success (1.0) earns, and a tenth of the
+smallest progress reward (0.1), so it never outweighs real progress.
+
 Any action text gets an observation, never an exception: the verb is looked for in the first
 `MAX_ACTION_LINES` lines only (a megabyte of newlines is not a megabyte of parsing), feedback
 repeats at most `MAX_FEEDBACK_CHARS` of what the action said, and observations are cleaned of
@@ -29,6 +37,8 @@ from tinker_local.tasks.model_text import clean, shorten
 
 MAX_ACTION_LINES = 1000
 MAX_FEEDBACK_CHARS = 1000
+
+DEFAULT_INVALID_ACTION_PENALTY = 0.01
 
 
 class InvalidAction(Exception):
@@ -81,6 +91,7 @@ class ActionWorld(TextWorld):
     verbs: tuple[str, ...] = ()
     action_help: str = ""  # shown in the system prompt and after an unparseable action
     max_turns: int = 30
+    invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY  # reward -penalty per invalid
 
     def __init__(self, seed: int = 0, max_turns: int | None = None):
         self.seed = seed
@@ -133,7 +144,10 @@ class ActionWorld(TextWorld):
         except InvalidAction as exc:
             invalid = True
             self.invalid_actions += 1
-            outcome = Outcome(f"Invalid action: {shorten(str(exc), MAX_FEEDBACK_CHARS)}")
+            outcome = Outcome(
+                f"Invalid action: {shorten(str(exc), MAX_FEEDBACK_CHARS)}",
+                reward=-self.invalid_action_penalty,
+            )
         self.total_reward += outcome.reward
         self.success = self.success or outcome.success
         self.done = outcome.success or outcome.done or self.turn >= self.max_turns
@@ -166,14 +180,42 @@ def world_seed(task: str, split: str, seed: int, index: int) -> int:
 
 
 def make_world_factories(
-    cls: type[ActionWorld], split: str, n: int | None, seed: int, **options: object
+    cls: type[ActionWorld],
+    split: str,
+    n: int | None,
+    seed: int,
+    *,
+    invalid_action_penalty: float | None = None,
+    **options: object,
 ) -> list[Callable[[], TextWorld]]:
-    """`n` (default 500 train / 100 test) zero-argument world builders."""
+    """`n` (default 500 train / 100 test) zero-argument world builders; `options` go to the
+    world's constructor, `invalid_action_penalty` (None: the world's default) to every world."""
     count = n if n is not None else (500 if split == "train" else 100)
+    if invalid_action_penalty is not None and not (
+        isinstance(invalid_action_penalty, (int, float))
+        and not isinstance(invalid_action_penalty, bool)
+        and 0 <= invalid_action_penalty < float("inf")
+    ):
+        raise ValueError(
+            f"{cls.task_name}: invalid_action_penalty must be a number >= 0 (the reward of an "
+            f"invalid action is minus it), got {invalid_action_penalty!r}"
+        )
     return [
-        functools.partial(cls, world_seed(cls.task_name, split, seed, i), **options)
+        functools.partial(
+            _build_world, cls, world_seed(cls.task_name, split, seed, i), invalid_action_penalty,
+            options,
+        )
         for i in range(count)
     ]
+
+
+def _build_world(
+    cls: type[ActionWorld], seed: int, penalty: float | None, options: dict[str, object]
+) -> ActionWorld:
+    world = cls(seed, **options)  # type: ignore[arg-type]
+    if penalty is not None:
+        world.invalid_action_penalty = float(penalty)
+    return world
 
 
 def play(world: TextWorld, policy: Callable[[TextWorld], str]) -> tuple[float, bool, int]:
