@@ -30,7 +30,7 @@ def stubbed(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "train_sft", lambda config, service: SimpleNamespace(
         best=sft, final=sft))  # fmt: skip
 
-    def run_rl(cfg, service, state, datasets):
+    def run_rl(cfg, service, state, datasets, reference=None):
         rl_dir = cfg.root / "rl"
         rl_dir.mkdir(parents=True, exist_ok=True)
         arguments = {"learning_rate": None, "learning_rate_used": 4.9e-4,

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import tinker
-from bandit_engine import BASE, BanditEngine, start_bandit_server
-from smollm2_tokenizer import load_smollm2_tokenizer
+from support.fake_engine import BASE, FakeEngine, fake_server
 
-from tinker_local import config
 from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run
 from tinker_local.rl.types import Env, EnvGroupBuilder, RLDataset, StepResult
+from tinker_local.server.core.service import ServerSettings
 
 PROMPT = [1, 10, 11]
 STOP = 63
@@ -66,12 +65,12 @@ def hopeless(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    load_smollm2_tokenizer()  # the SDK's get_tokenizer() loads it from this folder
-    engine = BanditEngine(str(config.home() / "test-tokenizers" / "smollm2"))
-    server = start_bandit_server(engine, tmp_path_factory.mktemp("ckpt"))
-    yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    server.stop()
+def client(tmp_path_factory, smollm2_tokenizer_folder):
+    """The fake engine behind a real server; the SDK's get_tokenizer() loads SmolLM2's."""
+    engine = FakeEngine(str(smollm2_tokenizer_folder))
+    settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"), long_poll_s=2.0)
+    with fake_server(engine, settings) as served, served.client() as client:
+        yield client
 
 
 def cfg(tmp_path: Path, **kw) -> RLConfig:

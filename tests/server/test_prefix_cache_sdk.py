@@ -23,7 +23,7 @@ from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
 from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
-from tinker_local.engine.sampling.prefix_cache import BLOCK_TOKENS
+from tinker_local.engine.sampling.prefix_cache import BLOCK_TOKENS, DEFAULT_BUDGET_BYTES
 from tinker_local.server.core.service import ServerSettings
 from tinker_local.server.http.start import LocalServer
 
@@ -54,7 +54,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running,
         for cache in ("default", None):
             settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"),
                                       long_poll_s=2.0)
-            extra = {} if cache == "default" else {"prefix_cache_bytes": None}
+            extra = {"prefix_cache_bytes": DEFAULT_BUDGET_BYTES if cache == "default" else None}
             factory = engine_factory(device="cpu", dtype="float32", **extra)
             started.append(LocalServer(factory, settings).start())
         yield Running(started[0]), Running(started[1])
@@ -114,6 +114,12 @@ def test_a_multi_turn_conversation_computes_only_its_new_tokens(servers) -> None
     assert plain.counts()[1] == 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug, why the cache is off by default: after an optim_step and a second "
+    "snapshot, sampling the first snapshot again with the cache gives other tokens than its "
+    "first sample (the same steps without the cache give the same tokens); docs/prefix_cache.md",
+)
 def test_weights_after_an_optim_step_never_reuse_and_inflight_clients_follow_saves(
     servers,
 ) -> None:

@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tinker_local import config
 from tinker_local.apps.rl import main as rl_main
 from tinker_local.tasks.curriculum import CurriculumDataset
 from tinker_local.tasks.mixture import TaskDataError, TaskMixture
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    cached = config.home() / "test-tokenizers" / "smollm2"  # shared with the RL tests
-    if (cached / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(cached)
-    from tinker_local.engine.builtin import load_smollm2_tokenizer
-
-    tok = load_smollm2_tokenizer()
-    tok.save_pretrained(cached)
-    return tok
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def build(task: str, tokenizer, options: dict, batch_size: int = 4):

@@ -58,9 +58,6 @@ from tinker_local.engine.sampling.builtin_backend import (
     SamplerSlot,
     SamplingFactory,
 )
-from tinker_local.engine.sampling.prefix_cache import (
-    DEFAULT_BUDGET_BYTES as DEFAULT_PREFIX_CACHE_BYTES,
-)
 from tinker_local.engine.sampling.prefix_cache import check_budget
 from tinker_local.engine.sampling.sampler import Sampler
 from tinker_local.engine.training import checkpoints
@@ -161,7 +158,7 @@ class Engine:
         batch_models: bool | None = None,
         sampling: SamplingFactory = ContinuousSampling,
         base_quantization: str | None = None,
-        prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
+        prefix_cache_bytes: int | None = None,
     ):
         """`token_budget`: padded tokens per training micro-batch (memory vs. speed);
         `checkpoint_activations`: recompute layer activations in backward (less memory).
