@@ -34,8 +34,8 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-cache-mib", type=float, default=None, metavar="MIB",
         help="turn on the prefix cache with this much memory per base model for KV of prompts "
-        f"already computed (e.g. {PREFIX_CACHE_MIB}); off by default while a known bug is open "
-        "(docs/prefix_cache.md)")
+        f"already computed (e.g. {PREFIX_CACHE_MIB}); off by default: reused KV rounds "
+        "differently (docs/prefix_cache.md)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="compute every prompt from scratch")
 
