@@ -74,18 +74,25 @@ def run(pytest_args: list[str], durations: int) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", default="suite", help="names the JSON file")
     parser.add_argument("--durations", type=int, default=30)
+    parser.add_argument("--out", type=Path, help="the JSON file (default: results/suite_time-LABEL.json)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="time one small test file (checks the script itself)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
-    args = parser.parse_args()
-    result = run(args.pytest_args, args.durations)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"suite_time-{args.label}.json"
+    args = parser.parse_args(argv)
+    pytest_args = args.pytest_args
+    if args.smoke:
+        pytest_args = [*pytest_args, "-p", "no:cacheprovider", "tests/eval/test_paired.py"]
+    result = run(pytest_args, args.durations)
+    out = args.out or RESULTS / f"suite_time-{args.label}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     cpu = result["cpu_user_s"] + result["cpu_system_s"]
-    print(f"| {args.label} | {' '.join(args.pytest_args) or '(serial)'} |")
+    print(f"| {args.label} | {' '.join(pytest_args) or '(serial)'} |")
     print("| --- | --- |")
     for name, value in (
         ("result", f"{result['summary']} (exit {result['returncode']})"),

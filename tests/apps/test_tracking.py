@@ -5,7 +5,9 @@ the same W&B run id; a missing tracker package stops a command before any work."
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,13 +26,21 @@ TINY = config.TINY_TEST_MODEL
 
 
 @pytest.fixture
-def _cli(cli, monkeypatch):
-    """`tinker-local ARGS...` in this process, with W&B offline."""
-    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"),
-                        ("WANDB_DISABLE_GIT", "true")):  # fmt: skip
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    return cli
+def _cli():
+    """`tinker-local ARGS...` in a process of its own, with W&B offline. Not in this process:
+    W&B keeps one service and run state per process, and a run read back after a second
+    (resumed) run in the same process was once missing its run record under load."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "WANDB_DISABLE_GIT": "true"}  # fmt: skip
+    env.pop("WANDB_API_KEY", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "tinker_local.cli", *args], env=env, timeout=600,
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ OUTPUT = {
     "scaling_memory": ("--out", "file", []),
     "sft_pipeline_demo": ("--log-dir", "dir", []),
     "sft_throughput": ("--out", "dir", []),
+    "suite_time": ("--out", "file", []),
     "train_memory": ("--out", "dir", []),
     "verifier_worst_case": ("--out", "file", []),
     "vision_throughput": ("--out", "dir", []),

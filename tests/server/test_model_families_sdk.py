@@ -57,10 +57,10 @@ def checkpoints_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def service(hub_cache: Path, checkpoints_root: Path) -> Iterator[tinker.ServiceClient]:
-    """A server of its own (five base models at once, above the default limit of four),
-    stopped at the end so its models leave memory."""
+    """A server of its own (every family plus the two hub-named models at once, above the
+    default limit of base models), stopped at the end so its models leave memory."""
     settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0,
-                              max_base_models=len(FAMILIES) + 1)
+                              max_base_models=len(FAMILIES) + 2)
     server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
     add_loopback_to_no_proxy()
     try:
