@@ -46,9 +46,12 @@ def run(pytest_args: list[str], durations: int) -> dict:
     load_before = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
+    # A run of its own: none of a calling pytest's (or xdist worker's) test folders or homes.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "TINKER_LOCAL_TEST_")) and k != "TINKER_LOCAL_HOME"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *pytest_args],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

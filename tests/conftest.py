@@ -40,6 +40,9 @@ _reused_home = os.environ.get("TINKER_LOCAL_TEST_HOME")
 # The controller process makes the folder; xdist workers inherit it through the environment.
 _BASE_ENV = "TINKER_LOCAL_TEST_BASE"
 _worker = os.environ.get("PYTEST_XDIST_WORKER")
+# Only the process that made the folder deletes it: a pytest started by a test (the suite_time
+# benchmark's smoke run) may inherit the variables and must not delete its parent run's folder.
+_made_here = False
 if _reused_home:
     _base_path = Path(_reused_home).resolve()
 elif _worker and os.environ.get(_BASE_ENV):
@@ -47,6 +50,7 @@ elif _worker and os.environ.get(_BASE_ENV):
 else:
     _base_path = Path(tempfile.mkdtemp(prefix="tinker-local-test-")).resolve()
     os.environ[_BASE_ENV] = str(_base_path)
+    _made_here = True
 _shared_models = _base_path / "models"
 _home = home_sharing_models(_base_path / (f"home-{_worker}" if _worker else "home"), _shared_models)
 os.environ["TINKER_LOCAL_HOME"] = str(_home)
@@ -81,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Delete the run's temporary folder (it holds a ~550 MB converted model) once, in the
     process that made it; a reused TINKER_LOCAL_TEST_HOME is kept."""
-    if not _reused_home and not hasattr(config, "workerinput"):
+    if _made_here and not hasattr(config, "workerinput"):
         shutil.rmtree(_base_path, ignore_errors=True)
 
 
