@@ -91,7 +91,9 @@ def test_one_failing_sample_in_eight_is_counted_and_the_run_goes_on(service, tmp
         assert row["task/flaky/env/errors"] == GROUPS
         assert row["episodes"] == GROUPS * (GROUP_SIZE - 1)  # the scored ones
 
-    warnings = [r.getMessage() for r in caplog.records]
+    # Only the run's own warnings: an SDK client of an earlier test on this xdist worker, whose
+    # server has stopped, may still log its heartbeat failures while this runs.
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tinker_local.rl.env_errors"]
     assert len(warnings) == STEPS  # the first traceback of each step, once
     for step, message in enumerate(warnings):
         assert message.startswith(f"step {step} (training): 2 of 16 episodes failed")
