@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import cpu_name
 
 QUESTIONS = [
     "Name a colour of the rainbow.", "What is two plus two?", "Say hello in French.",
@@ -38,12 +39,6 @@ QUESTIONS = [
 ]
 RESULTS = Path(__file__).parent / "results"
 
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def load_average() -> list[float]:

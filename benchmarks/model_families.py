@@ -26,24 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from machine import cpu_name
+
 RESULTS = Path(__file__).parent / "results" / "model_families.json"
 MODELS = ["tinker-local/tiny-qwen3", "tinker-local/tiny-qwen3.5", "tinker-local/tiny-qwen3.5-moe"]
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def measure(run: Callable[[], int], repeats: int) -> dict[str, float]:

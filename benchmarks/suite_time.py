@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -29,17 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 _DURATION = re.compile(r"^\s*([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$")
 _SUMMARY = re.compile(r"=+ (.*(passed|failed|error).*) in [\d.]+s")
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def run(pytest_args: list[str], durations: int) -> dict:
@@ -70,7 +65,7 @@ def run(pytest_args: list[str], durations: int) -> dict:
         "cpu_system_s": round(after.ru_stime - before.ru_stime, 1),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "slowest": slowest,
         "output_tail": done.stdout[-4000:] + done.stderr[-2000:],

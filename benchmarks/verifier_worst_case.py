@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -27,21 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "tasks"))
 import model_text_strategies  # the texts the tests use
+from machine import cpu_name
 
 from tinker_local.tasks import registry
 
 RESULTS = Path(__file__).parent / "results" / "verifier_worst_case.json"
 OPTIONS = {"gsm8k": {"path": "sample", "r1_zero": True}}  # R1: the format check runs too
 
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _runner(name: str):
@@ -89,12 +80,12 @@ def main() -> None:
             f"{name:14s} {worst:22s} {by_text[worst]:7.2f} "
             f"{statistics.median(by_text.values()):9.3f} {sum(by_text.values()):7.2f}"
         )
-    print(f"CPU: {_cpu()}; load averages before {load_before}, after {load_after}")
+    print(f"CPU: {cpu_name()}; load averages before {load_before}, after {load_after}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
-                "cpu": _cpu(),
+                "cpu": cpu_name(),
                 "cpus": os.cpu_count(),
                 "load_before": load_before,
                 "load_after": load_after,

@@ -19,11 +19,11 @@ import argparse
 import io
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_name
 from PIL import Image
 from tinker import types
 
@@ -37,15 +37,6 @@ TEXT_TOKENS = 48
 NEW_TOKENS = 32
 IMAGE_SIZE = (128, 96)
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def picture(seed: int) -> bytes:

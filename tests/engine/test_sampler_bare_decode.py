@@ -153,6 +153,33 @@ def test_bare_path_is_exact_when_requests_join_mid_decode(model):
             assert_logprobs_exact(model, req, seq)
 
 
+def test_an_adapter_on_layers_the_sampler_first_saw_plain_is_decoded_with_its_lora():
+    """The engine's pool wraps one layer when it loads a base, so a base sampled before any
+    training client has a sampler whose decode step was built on plain layers; a later adapter
+    makes peft wrap the others. Its samples must still carry its LoRA on every layer (the
+    stale decoder decoded them without it: here 3.7 nats off teacher forcing)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_plain_llama(), LoraConfig(r=1, target_modules=["q_proj"]),
+                           adapter_name="anchor")
+    sampler = Sampler(model, TextPieces(), eos_token_ids=[2])
+    sampler.generate([GenRequest(prompt_of(4), params(seed=1, max_tokens=4))])
+    assert sampler.runner.bare_steps > 0
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model.add_adapter("late", LoraConfig(r=4, target_modules=targets))
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name and ".late." in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    req = GenRequest(prompt_of(6, 3), params(seed=3, max_tokens=8), adapter_name="late")
+    before = sampler.runner.bare_steps
+    seq = sampler.generate([req])[0].sequences[0]
+    assert sampler.runner.bare_steps > before  # decoded by the bare step, rebuilt for "late"
+    assert_logprobs_exact(model, req, seq)
+
+
 def _gpt2() -> torch.nn.Module:
     torch.manual_seed(4)
     config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=128)

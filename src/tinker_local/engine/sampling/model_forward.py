@@ -88,13 +88,29 @@ class ModelRunner:
         # Weights sharded over ranks (FSDP2, `--shard-base`) exist whole only inside each module's
         # own forward: no bare decode on the weights, no packed copies of them.
         self.sharded = _is_sharded(model)
-        self.decoder = None if self.sharded else LlamaDecoder.build(model, self.is_peft)
+        self._decoder: LlamaDecoder | None = None
+        self._decoder_made_for: frozenset[str] | None = None  # the adapters it was built with
         self.use_bare_decode = True
         self.bare_steps = 0  # decode steps taken by the bare path (tests, diagnostics)
         # Looked up when used: peft replaces a layer by its LoRA wrapper when the first adapter
         # on it arrives.
         self._causal = model.get_base_model() if self.is_peft else model
         self.softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
+
+    @property
+    def decoder(self) -> LlamaDecoder | None:
+        """The bare decode step, built for the LoRA layers the model has now. The decoder holds
+        the modules it runs, and peft replaces a plain Linear by its LoRA wrapper when the
+        first adapter targeting it arrives: a decoder built before that (a base model sampled
+        before any training client) would decode without those layers' LoRA. Adapters only
+        come with new names, so a new name set is when the layers may have changed."""
+        if self.sharded:
+            return None
+        adapters = frozenset(self.model.peft_config) if self.is_peft else frozenset()
+        if adapters != self._decoder_made_for:
+            self._decoder = LlamaDecoder.build(self.model, self.is_peft)
+            self._decoder_made_for = adapters
+        return self._decoder
 
     def new_cache(self, width: int) -> SlotCache:
         """An empty cache of `width` columns for this model's layers."""
@@ -159,12 +175,12 @@ class ModelRunner:
             self._plan.set(adapters, self.device)
         elif self.is_peft:
             kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in adapters]
-        if (self.decoder is not None and self.use_bare_decode and not all_positions
-                and torch.is_inference_mode_enabled()
-                and self.decoder.ready(cache, input_ids, self._plan is not None)):
+        decoder = self.decoder if self.use_bare_decode and not all_positions else None
+        if (decoder is not None and torch.is_inference_mode_enabled()
+                and decoder.ready(cache, input_ids, self._plan is not None)):
             self.bare_steps += 1
             groups = self._plan.groups if self._plan is not None else []
-            return self.decoder.forward(input_ids, position_ids, attention_mask, cache, groups)
+            return decoder.forward(input_ids, position_ids, attention_mask, cache, groups)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
