@@ -14,7 +14,7 @@ from tinker_local.engine.factory import engine_factory
 
 def test_serve_flags_give_the_engine_its_budget() -> None:
     parse = serve_parser().parse_args
-    assert prefix_cache_bytes(parse([])) is None  # off unless asked for (docs/prefix_cache.md)
+    assert prefix_cache_bytes(parse([])) == config.DEFAULT_PREFIX_CACHE_MIB * 2**20  # on
     mib = str(config.DEFAULT_PREFIX_CACHE_MIB)
     assert prefix_cache_bytes(parse(["--prefix-cache-mib", mib])) == config.DEFAULT_PREFIX_CACHE_MIB * 2**20
     assert prefix_cache_bytes(parse(["--prefix-cache-mib", "1.5"])) == 3 * 2**19
@@ -35,7 +35,7 @@ def test_the_embedded_server_refuses_a_budget_that_is_not_positive(mib) -> None:
     with pytest.raises(ValueError, match="prefix_cache_mib must be a positive number of MiB"):
         embedded._prefix_cache_bytes(mib, None)
     assert embedded._prefix_cache_bytes(mib, False) is None  # off: the budget is not read
-    assert embedded._prefix_cache_bytes(None, None) is None  # off by default
+    assert embedded._prefix_cache_bytes(None, None) == config.DEFAULT_PREFIX_CACHE_MIB * 2**20
     assert embedded._prefix_cache_bytes(None, True) == config.DEFAULT_PREFIX_CACHE_MIB * 2**20
 
 

@@ -68,8 +68,8 @@ def embedded_server(*, device: str | None = None, dtype: str | None = None,
 
 
 def _prefix_cache_bytes(mib: float | None, enabled: bool | None) -> int | None:
-    if enabled is False or (enabled is None and mib is None):
-        return None  # off by default (docs/prefix_cache.md says why)
+    if enabled is False:
+        return None
     if mib is None:
         mib = config.DEFAULT_PREFIX_CACHE_MIB
     if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not mib > 0:

@@ -32,10 +32,9 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         f"(default none; env {config.BASE_QUANTIZATION_ENV}; docs/quantization.md)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument(
-        "--prefix-cache-mib", type=float, default=None, metavar="MIB",
-        help="turn on the prefix cache with this much memory per base model for KV of prompts "
-        f"already computed (e.g. {PREFIX_CACHE_MIB}); off by default: reused KV rounds "
-        "differently (docs/prefix_cache.md)")
+        "--prefix-cache-mib", type=float, default=PREFIX_CACHE_MIB, metavar="MIB",
+        help="memory for KV of prompts already computed, per base model, reused by later "
+        f"requests that start the same way (default {PREFIX_CACHE_MIB}; docs/prefix_cache.md)")
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="compute every prompt from scratch")
 
@@ -46,7 +45,7 @@ PREFIX_CACHE_MIB = config.DEFAULT_PREFIX_CACHE_MIB
 def prefix_cache_bytes(args: argparse.Namespace) -> int | None:
     """The engine's prefix cache budget from `--prefix-cache-mib` / `--no-prefix-cache`;
     ValueError for a budget that is not positive."""
-    if args.no_prefix_cache or args.prefix_cache_mib is None:
+    if args.no_prefix_cache:
         return None
     if not args.prefix_cache_mib > 0:
         raise ValueError(f"--prefix-cache-mib must be positive, got {args.prefix_cache_mib:g} "
@@ -448,7 +447,7 @@ def _start_group(args: argparse.Namespace, wait_s: float = 600.0) -> tuple[str, 
     for flag, value in (("--device", args.device), ("--dtype", args.dtype)):
         if value is not None:
             command += [flag, value]
-    if args.no_prefix_cache or args.prefix_cache_mib is None:
+    if args.no_prefix_cache:
         command.append("--no-prefix-cache")
     else:
         command += ["--prefix-cache-mib", str(args.prefix_cache_mib)]

@@ -19,6 +19,9 @@ from tinker_local.engine.engine import Engine
 from tinker_local.engine.models import hub_download, registry
 from tinker_local.engine.sampling import vllm_backend
 from tinker_local.engine.sampling.builtin_backend import ContinuousSampling, SamplingFactory
+from tinker_local.engine.sampling.prefix_cache import (
+    DEFAULT_BUDGET_BYTES as DEFAULT_PREFIX_CACHE_BYTES,
+)
 from tinker_local.engine.sampling.prefix_cache import check_budget
 
 
@@ -28,7 +31,7 @@ def engine_factory(
     dtype: str | None = None,
     sampler: str | None = None,
     allow_download: bool = False,
-    prefix_cache_bytes: int | None = None,
+    prefix_cache_bytes: int | None = DEFAULT_PREFIX_CACHE_BYTES,
 ) -> EngineFactory:
     """A factory of the torch `Engine` with the chosen sampling backend. A missing vLLM or bad
     vLLM settings fail here, at start (not on the worker thread, minutes later), and so does a
