@@ -1,5 +1,5 @@
 """The run-time estimate `make run` prints (`apps/warmup.py` `Estimate`), against the runs
-recorded so far on the README's CPU classes (`benchmarks/results/make_run_timings.json`):
+recorded so far on the CPU classes of docs/make_run.md (`benchmarks/results/make_run_timings.json`):
 each real time falls inside the range the estimate would have stated (issue 31)."""
 
 import json
