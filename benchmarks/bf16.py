@@ -13,7 +13,8 @@ Then the bf16-vs-fp32 gap: the bf16 run's sequences scored by both trainers, the
 holding the float32 run's LoRA weights (so only the dtype differs). HF `generate` in float32 on
 the same base with a rank-32 LoRA (benchmarks/sampler.py's) is the speed reference.
 
-    .venv/bin/python benchmarks/bf16.py            # SmolLM2, ~3-4 minutes on a 2-core Xeon
+    .venv/bin/python benchmarks/bf16.py            # SmolLM2
+    .venv/bin/python benchmarks/bf16.py --threads 1   # on a busy machine (see --help)
     .venv/bin/python benchmarks/bf16.py --smoke    # the tiny model (checks the script)
 
 Prints a table and writes benchmarks/results/bf16.json with the CPU, its bf16 units, and the
@@ -237,11 +238,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=config.DEFAULT_BASE_MODEL)
     parser.add_argument("--no-generate", action="store_true", help="skip the HF generate row")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's). On a machine other processes keep "
+                             "busy, 1 avoids OpenMP barrier stalls: a descheduled thread held "
+                             "every 2-thread product up (a 32 x 576 x 1536 one took 6.5 ms on 2 "
+                             "threads vs 0.44 on one, on the 2-core Xeon at load 3-4)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny model, a few tokens: checks the script runs; written to a "
                              "temporary folder unless --out")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     case = SMOKE if args.smoke else FULL
     model = config.TINY_TEST_MODEL if args.smoke else args.model
     out = args.out or (Path(tempfile.mkdtemp(prefix="smoke-")) / RESULTS.name if args.smoke

@@ -206,8 +206,8 @@ def dtype_reason(dtype: str | torch.dtype | None, device: torch.device) -> str:
         return "asked for (TINKER_LOCAL_DTYPE)"
     if device.type == "cuda":
         return "the CUDA default"
-    return ("the CPU default on every CPU: bf16's sampler-trainer logprob gap is ~1000x "
-            "float32's for ~1.2x speed (docs/bf16.md)")
+    return ("the CPU default on every CPU, bf16 units or not: bf16's sampler-trainer logprob "
+            "gap is too large for RL's ratios (docs/bf16.md)")
 
 
 def check_runnable(dtype: torch.dtype, device: torch.device, units: Bf16Units | None = None
