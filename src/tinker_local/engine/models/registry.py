@@ -179,8 +179,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     """`dtype`, else $TINKER_LOCAL_DTYPE, else float32 on CPU and bfloat16 on CUDA.
 
     float32 is the CPU default on every CPU, bf16 matrix units or not: measured on an AMX Xeon,
-    a bf16 base's sampled logprobs differ from the trainer's by ~0.04 nats on average (float32:
-    ~1e-5), for ~1.2x sampling speed (docs/bf16.md)."""
+    a bf16 base's sampled logprobs differ from the trainer's by ~0.045 nats on average (float32:
+    ~1e-5), for 1.2-1.3x speed (docs/bf16.md)."""
     requested = _requested_dtype(dtype)
     if requested is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
