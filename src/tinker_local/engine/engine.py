@@ -201,7 +201,8 @@ class Engine:
         )
         self.device = resolved_device
         self.dtype = resolved_dtype
-        _log_dtype_choice(resolved_device, resolved_dtype, registry.dtype_reason(dtype, resolved_device))
+        _log_dtype_choice(resolved_device, resolved_dtype,
+                          registry.dtype_reason(dtype, resolved_device))
         self.token_budget = token_budget
         self.checkpoint_activations = checkpoint_activations
         if batch_models is None:
