@@ -111,6 +111,15 @@ def test_an_engine_that_cannot_start_is_a_clear_error(cli, tmp_path, monkeypatch
     assert "ran" not in run.stdout
 
 
+def test_a_dtype_the_cpu_cannot_run_is_refused_at_start(cli, tmp_path, monkeypatch) -> None:
+    """float16 on the CPU (docs/bf16.md): one line naming it and what to use instead."""
+    monkeypatch.setenv("TINKER_LOCAL_HOME", str(tmp_path / "home"))  # its own server lock
+    serve = cli("serve", "--port", "0", "--device", "cpu", "--dtype", "float16")
+    assert serve.returncode == 1 and "serving at" not in serve.stdout
+    line = next(ln for ln in serve.stderr.splitlines() if "cannot start the engine" in ln)
+    assert "dtype float16" in line and "use " in line and "float32" in line
+
+
 def test_serve_with_api_keys(tmp_path: Path, start_serve) -> None:
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("# one per line\ntml-from-the-file-1234\n")

@@ -19,6 +19,7 @@ SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if "__main__" in p.read
 
 # script -> (flag naming where its output goes, "file" or "dir", extra flags for the smoke run)
 OUTPUT = {
+    "bf16": ("--out", "file", ["--no-generate"]),
     "decode_bound": ("--out", "file", []),
     "distributed": ("--results", "file", []),
     "gemm_rows": ("--out", "file", []),
@@ -67,6 +68,12 @@ def test_benchmark_script_runs_to_the_end(name, tmp_path, tiny_model_folder):
     if name == "sft_pipeline_demo":
         assert "| arithmetic |" in done.stdout and "final model:" in done.stdout
         assert json.loads((tmp_path / "result.json").read_text())["final"]["label"]
+    if name == "bf16":  # bf16 where torch can run it (the engine refuses it elsewhere)
+        from tinker_local.engine.cpu_features import bf16_kernels_available
+
+        runs = json.loads((tmp_path / "bf16.json").read_text())["runs"]
+        expected = ["float32", "bfloat16"] if bf16_kernels_available() else ["float32"]
+        assert [r["dtype"] for r in runs] == expected
     if name == "sampler":
         runs = json.loads((tmp_path / "sampler.json").read_text())["runs"]
         assert sorted(r["engine"] for r in runs) == ["generate", "ours", "ours_lora"]

@@ -46,6 +46,7 @@ from tinker_local.engine.contract import (
     SamplingRequest,
     read_checkpoint_meta,
 )
+from tinker_local.engine.cpu_features import bf16_units
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.adapters import AdapterPool
 from tinker_local.engine.losses import LOSS_FNS, prepare_data
@@ -72,6 +73,20 @@ from tinker_local.engine.training.optimizer import AdapterOptimizer, TrainablePa
 from tinker_local.engine.training.value_head import ValueHead, check_kind
 
 logger = logging.getLogger(__name__)
+
+
+def _log_dtype_choice(device: torch.device, dtype: torch.dtype, reason: str) -> None:
+    """Say at start which bf16 units the CPU has and which dtype the engine runs, and why: a
+    user comparing speeds across machines needs both (docs/bf16.md)."""
+    name = str(dtype).removeprefix("torch.")
+    if device.type != "cpu":
+        logger.info("engine dtype %s on %s: %s", name, device, reason)
+        return
+    units = bf16_units()
+    logger.info("CPU bf16 matrix units: %s; engine dtype %s: %s", units.describe(), name, reason)
+    if dtype == torch.bfloat16 and not units.native:
+        logger.warning("bfloat16 on a CPU without bf16 matrix units: torch emulates its products "
+                       "with float32 arithmetic, no faster than float32 and less exact")
 
 # The contract's types, importable from here too.
 __all__ = [
@@ -173,6 +188,7 @@ class Engine:
         try:
             resolved_device = registry.resolve_device(device)
             resolved_dtype = registry.resolve_dtype(dtype, resolved_device)
+            registry.check_runnable(resolved_dtype, resolved_device)
             self.base_quantization = config.base_quantization(base_quantization)
             if prefix_cache_bytes is not None:
                 check_budget(prefix_cache_bytes)
@@ -184,6 +200,9 @@ class Engine:
                 name, device=resolved_device, dtype=resolved_dtype, quantization=quantization)
         )
         self.device = resolved_device
+        self.dtype = resolved_dtype
+        _log_dtype_choice(resolved_device, resolved_dtype,
+                          registry.dtype_reason(dtype, resolved_device))
         self.token_budget = token_budget
         self.checkpoint_activations = checkpoint_activations
         if batch_models is None:
