@@ -187,7 +187,7 @@ def test_check_and_log_once_per_step(tokenizer, caplog):
     with caplog.at_level(logging.WARNING, logger="tinker_local.rl.env_errors"):
         log_first_error(3, [half, half])
         log_first_error(4, [_group(builder, _fruit_sampler(tokenizer, ["apple"]))])
-    (record,) = caplog.records
+    (record,) = [r for r in caplog.records if r.name == "tinker_local.rl.env_errors"]
     assert record.getMessage().startswith("step 3 (training): 4 of 8 episodes failed")
     assert "in score" in record.getMessage() and "'pear'" in record.getMessage()
     assert error_metrics([half])["env/errors"] == 2.0
