@@ -145,7 +145,9 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level=args.log_level.lower(), access_log=False)
+        # log_config=None: uvicorn logs through the basicConfig above (no dictConfig, which
+        # would close every handler in the process; see server/http/start.py).
+        uvicorn.Config(app, log_level=args.log_level.lower(), log_config=None, access_log=False)
     )
     try:
         server.run(sockets=[sock])

@@ -73,6 +73,10 @@ class LocalServer:
         config = uvicorn.Config(
             create_app(self.service),
             log_level="warning",
+            # No logging.config.dictConfig: it closes every handler in the process (a user's
+            # log file reopened with mode "w" is truncated; absl's handler closes the stderr it
+            # grabbed at import). uvicorn's warnings propagate to whatever the host configured.
+            log_config=None,
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=2,
