@@ -21,13 +21,15 @@ from tinker_local.rl.config import RLConfig
 from tinker_local.rl.data import trajectory_sequences
 from tinker_local.rl.learning_rate import adam_params
 from tinker_local.rl.minibatch import assemble
+from tinker_local.rl.reference_kl import ReferencePolicy, all_sequences
 from tinker_local.rl.rollouts import SamplingSettings, rollout_group
 from tinker_local.rl.types import EnvGroupBuilder
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """One step's work at one answer length: sampling the batch, then training on it."""
+    """One step's work at one answer length: sampling the batch, then training on it (with the
+    reference model's pass over the samples, when the run logs or penalises KL to it)."""
 
     answer_tokens: int
     sample_s: float
@@ -120,11 +122,19 @@ async def measure(
         base_model=config.base_model, rank=config.lora_rank, seed=config.seed
     )
     sampler = await trainer.save_weights_and_get_sampling_client()
+    # A step also reads the reference's logprobs of what it sampled (the logged KL, the KL
+    # penalty): one more forward pass over the batch, which the estimate must include.
+    uses_reference = config.log_reference_kl or config.kl_penalty_coef > 0
+    reference = (
+        ReferencePolicy(service_client, config.kl_reference or config.base_model)
+        if uses_reference
+        else None
+    )
     started = time.perf_counter()  # the model is loaded: from here on it is the warm-up's cost
     # Untimed: a sampler's and a model's first requests pay one-time setup.
-    await _one_step(trainer, sampler, builders[:1], config, answer_tokens=1)
-    long = await _one_step(trainer, sampler, builders, config, config.max_tokens)
-    short = await _one_step(trainer, sampler, builders, config, short_answer_tokens)
+    await _one_step(trainer, sampler, reference, builders[:1], config, answer_tokens=1)
+    long = await _one_step(trainer, sampler, reference, builders, config, config.max_tokens)
+    short = await _one_step(trainer, sampler, reference, builders, config, short_answer_tokens)
     rows = sum(getattr(b, "group_size", 1) for b in builders)
     return WarmUp(long, short, rows, time.perf_counter() - started)
 
@@ -132,6 +142,7 @@ async def measure(
 async def _one_step(
     trainer: Any,
     sampler: Any,
+    reference: ReferencePolicy | None,
     builders: Sequence[EnvGroupBuilder],
     config: RLConfig,
     answer_tokens: int,
@@ -142,6 +153,9 @@ async def _one_step(
         *(rollout_group(b, sampler, settings, seed=i) for i, b in enumerate(builders))
     )
     sampled = time.perf_counter()
+    if reference is not None:  # counted with the training: the evaluations do not pay it
+        reference.new_step()
+        await reference.logprobs(all_sequences(groups))
     # Every sequence carries an advantage, as in a step where every group has a signal.
     seqs = [s for g in groups for traj in g.trajectories for s in trajectory_sequences(traj, 1.0)]
     batch = assemble(seqs, config)
