@@ -124,10 +124,9 @@ async def measure(
     sampler = await trainer.save_weights_and_get_sampling_client()
     # A step also reads the reference's logprobs of what it sampled (the logged KL, the KL
     # penalty): one more forward pass over the batch, which the estimate must include.
-    uses_reference = config.log_reference_kl or config.kl_penalty_coef > 0
     reference = (
-        ReferencePolicy(service_client, config.kl_reference or config.base_model)
-        if uses_reference
+        ReferencePolicy.of_run(service_client, config)
+        if ReferencePolicy.read_every_step(config)
         else None
     )
     started = time.perf_counter()  # the model is loaded: from here on it is the warm-up's cost

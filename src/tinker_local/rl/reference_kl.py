@@ -25,6 +25,7 @@ from typing import Any
 
 import tinker
 
+from tinker_local.rl.config import RLConfig
 from tinker_local.rl.data import TrainSequence, group_sequences
 from tinker_local.rl.rollouts import TrajectoryGroup
 
@@ -38,6 +39,16 @@ class ReferencePolicy:
         self.model = model
         self._sampler: Any = None
         self._cache: dict[tuple[int, ...], list[float]] = {}
+
+    @classmethod
+    def of_run(cls, service_client: Any, config: RLConfig) -> ReferencePolicy:
+        """The reference of a run of `config`: `kl_reference`, else the base model."""
+        return cls(service_client, config.kl_reference or config.base_model)
+
+    @staticmethod
+    def read_every_step(config: RLConfig) -> bool:
+        """Whether a step of `config` reads the reference (the logged KL or the KL penalty)."""
+        return config.log_reference_kl or config.kl_penalty_coef > 0
 
     def new_step(self) -> None:
         self._cache.clear()

@@ -143,7 +143,7 @@ class Trainer:
             config.max_tokens, config.temperature, config.top_k, config.top_p
         )
         self.greedy = SamplingSettings(config.eval_max_tokens or config.max_tokens, 0.0)
-        self.reference = ReferencePolicy(service_client, config.kl_reference or config.base_model)
+        self.reference = ReferencePolicy.of_run(service_client, config)
         self._checkpoint_values: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._step_seqs: list[TrainSequence] = []  # what this step trained on, all minibatches
