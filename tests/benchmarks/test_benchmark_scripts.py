@@ -39,6 +39,7 @@ OUTPUT = {
     "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there
     "verifier_worst_case": ("--out", "file", []),
     "vision_throughput": ("--out", "dir", []),
+    "world_rl_prefix_cache": ("--out", "file", []),
 }
 
 
@@ -74,6 +75,12 @@ def test_benchmark_script_runs_to_the_end(name, tmp_path, tiny_model_folder):
         runs = json.loads((tmp_path / "bf16.json").read_text())["runs"]
         expected = ["float32", "bfloat16"] if bf16_kernels_available() else ["float32"]
         assert [r["dtype"] for r in runs] == expected
+    if name == "world_rl_prefix_cache":  # the same RL run with the cache on and off
+        runs = json.loads((tmp_path / "world_rl_prefix_cache.json").read_text())["runs"]
+        without, with_cache = runs
+        assert (without["mode"], with_cache["mode"]) == ("without_cache", "with_cache")
+        assert without["prompt_tokens_from_cache"] == 0 < with_cache["prompt_tokens_from_cache"]
+        assert len(without["step_seconds"]) == len(with_cache["step_seconds"]) == 2
     if name == "sampler":
         runs = json.loads((tmp_path / "sampler.json").read_text())["runs"]
         assert sorted(r["engine"] for r in runs) == ["generate", "ours", "ours_lora"]

@@ -195,6 +195,30 @@ def test_bad_quantisation_requests_are_one_line_errors():
     assert engine.status().base_models == ()  # nothing half-loaded
 
 
+def test_the_cpu_picks_the_faster_library_per_method_and_falls_back(monkeypatch):
+    """int8 -> torchao, nf4 -> bitsandbytes on a CPU (measured, docs/quantization.md); a
+    library that cannot run hands over to the other; neither is a one-line error."""
+    monkeypatch.delenv(quantization.BACKEND_ENV, raising=False)
+    problems = {"bitsandbytes": None, "torchao": None}
+    monkeypatch.setattr(quantization, "bitsandbytes_problem", lambda _: problems["bitsandbytes"])
+    monkeypatch.setattr(quantization, "torchao_problem", lambda: problems["torchao"])
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert quantization.backend(cpu, "int8") == "torchao"
+    assert quantization.backend(cpu, "nf4") == "bitsandbytes"
+    assert quantization.backend(gpu, "int8") == quantization.backend(gpu, "nf4") == "bitsandbytes"
+
+    problems["bitsandbytes"] = "bitsandbytes is not importable"
+    assert quantization.backend(cpu, "nf4") == "torchao"
+    problems["bitsandbytes"], problems["torchao"] = None, "torchao is not importable"
+    assert quantization.backend(cpu, "int8") == "bitsandbytes"
+    problems["bitsandbytes"] = "bitsandbytes is not importable"
+    with pytest.raises(quantization.QuantizationError) as raised:
+        quantization.backend(cpu, "nf4")
+    message = str(raised.value)
+    assert "\n" not in message and "bitsandbytes is not importable" in message
+    assert "torchao is not importable" in message and "pip install" in message
+
+
 def test_forced_library_that_cannot_run_is_named(monkeypatch):
     monkeypatch.setenv(quantization.BACKEND_ENV, "quanto")
     engine = Engine(device="cpu", dtype="float32")

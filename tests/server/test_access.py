@@ -4,6 +4,7 @@ limits (body size, sequence length, base models, adapters) and the 429 back-pres
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -278,7 +279,8 @@ def test_full_queue_answers_429_and_the_sdk_waits(tmp_path: Path) -> None:
         trainers = [
             service.create_lora_training_client("fake/base", rank=4).result() for _ in range(4)
         ]
-        server.engine.forward_backward_delay_s = 0.4
+        server.engine.forward_backward_delay_s = 0.4  # the SDK's calls below meet a full queue
+        gate = server.engine.forward_backward_gate = threading.Event()
         busy = [t.forward_backward([_datum([1])], "cross_entropy") for t in trainers[:2]]
         deadline = time.monotonic() + 5
         # One running (the engine has started it), one queued.
@@ -295,9 +297,10 @@ def test_full_queue_answers_429_and_the_sdk_waits(tmp_path: Path) -> None:
             )
             assert answer.status_code == 429 and "queue is full" in answer.json()["error"]
             assert answer.headers["retry-after-ms"]
-            t0 = time.monotonic()
+            # The health check answers while the worker is held and its queue is full.
             assert http.get("/api/v1/healthz").status_code == 200
-            assert time.monotonic() - t0 < 0.5
+            assert server.server.service.worker.queued() >= 1 and not gate.is_set()
+        gate.set()
 
         # The SDK backs off on 429 and gets through once the queue drains.
         def train(trainer: tinker.TrainingClient) -> float:
@@ -313,4 +316,6 @@ def test_full_queue_answers_429_and_the_sdk_waits(tmp_path: Path) -> None:
         assert all(f.result().metrics for f in busy)
     finally:
         server.engine.forward_backward_delay_s = 0.0
+        if server.engine.forward_backward_gate is not None:
+            server.engine.forward_backward_gate.set()
         server.server.stop()

@@ -157,6 +157,9 @@ class FakeEngine:
         self.thread: threading.Thread | None = None
         # Seconds each forward_backward sleeps (to hold the worker busy in tests).
         self.forward_backward_delay_s = 0.0
+        # When set, each forward_backward waits until the event is set: the worker is held
+        # busy for exactly as long as a test needs, whatever the machine's speed.
+        self.forward_backward_gate: threading.Event | None = None
 
     def _record(self, *call: Any) -> None:
         self.thread = threading.current_thread()
@@ -214,6 +217,8 @@ class FakeEngine:
         self._record("forward_backward", call.model_id, len(call.data), call.forward_only, loss_fn)
         if self.forward_backward_delay_s:
             time.sleep(self.forward_backward_delay_s)
+        if self.forward_backward_gate is not None:
+            self.forward_backward_gate.wait(timeout=60)
         model = self._model(call.model_id)
         if loss_fn not in ("cross_entropy", "importance_sampling", "ppo"):
             raise EngineError(f"unknown loss_fn {loss_fn!r}")

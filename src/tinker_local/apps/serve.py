@@ -67,7 +67,7 @@ def _apply_base_quantization(parser: argparse.ArgumentParser, args: argparse.Nam
         from tinker_local.engine.models.registry import resolve_device
 
         try:
-            backend(resolve_device(args.device))
+            backend(resolve_device(args.device), args.base_quantization)
         except (QuantizationError, ValueError) as error:
             parser.error(str(error))
     os.environ[config.BASE_QUANTIZATION_ENV] = args.base_quantization

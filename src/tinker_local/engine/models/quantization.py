@@ -9,10 +9,12 @@ unchanged, on the unquantised base (the point of QLoRA) and the quantisation err
 difference (`docs/quantization.md` measures it).
 
 Which library (`backend`): on a GPU, bitsandbytes where it runs (`bitsandbytes_problem` probes
-it once per device type: what QLoRA and peft use), else torchao; on the CPU, torchao first (int8
-weight-only, `NF4Tensor`): measured on this project's 2-core CPU (benchmarks/quantization.py
---smoke, docs/quantization.md), bitsandbytes' LLM.int8 was 3x (training) to 10x (sampling)
-slower than torchao's int8 (it casts activations to float16, slow on a CPU) and nf4 was even.
+it once per device type: what QLoRA and peft use), else torchao. On the CPU it depends on the
+method, measured on SmolLM2-135M on a quiet 2-core Xeon (benchmarks/quantization.py,
+docs/quantization.md): int8 -> torchao first (weight-only int8: 83 train / 26 sample tok/s
+against LLM.int8's 77 / 21, and a third of its logprob error, 0.045 vs 0.12 nats), nf4 ->
+bitsandbytes first (its CPU 4-bit kernel: 90 / 33 tok/s against torchao's `NF4Tensor`, which
+dequantises every weight for every product: 50 / 3.2). The other library is the fallback.
 `TINKER_LOCAL_QUANT_BACKEND=bitsandbytes|torchao` forces one.
 
 The sampler's CPU fast paths (oneDNN-packed linears, the bare Llama decode, fused LoRA) handle
@@ -96,10 +98,10 @@ def check_applicable(name: str, model_config: dict[str, Any], method: str) -> No
 # which library
 
 
-def backend(device: torch.device) -> str:
-    """The library that quantises on `device`: TINKER_LOCAL_QUANT_BACKEND when set, else on
-    the CPU torchao (then bitsandbytes), elsewhere bitsandbytes (then torchao); QuantizationError
-    when neither can."""
+def backend(device: torch.device, method: str) -> str:
+    """The library that quantises `method` on `device`: TINKER_LOCAL_QUANT_BACKEND when set,
+    else the faster one that runs there (`preferred`), then the other; QuantizationError when
+    neither can."""
     forced = os.environ.get(BACKEND_ENV, "").strip().lower()
     if forced:
         if forced not in BACKENDS:
@@ -110,18 +112,25 @@ def backend(device: torch.device) -> str:
         if problem:
             raise QuantizationError(f"{BACKEND_ENV}={forced}: {problem}")
         return forced
-    if device.type == "cpu" and torchao_problem() is None:
-        return "torchao"  # the faster of the two on a CPU (module docstring)
-    bnb_problem = bitsandbytes_problem(device.type)
-    if bnb_problem is None:
-        return "bitsandbytes"
-    ao_problem = torchao_problem()
-    if ao_problem is None:
-        logger.info("quantised bases use torchao on %s: %s", device.type, bnb_problem)
-        return "torchao"
+    problems = {}
+    for library in preferred(device.type, method):
+        problems[library] = bitsandbytes_problem(device.type) if library == "bitsandbytes" \
+            else torchao_problem()
+        if problems[library] is None:
+            if len(problems) > 1:
+                logger.info("%s bases use %s on %s: %s", method, library, device.type,
+                            next(iter(problems.values())))
+            return library
     raise QuantizationError(
-        f"int8/nf4 bases need bitsandbytes or torchao on {device.type}: {bnb_problem}; "
-        f"{ao_problem}. Install them: {INSTALL_HINT}")
+        f"int8/nf4 bases need bitsandbytes or torchao on {device.type}: "
+        f"{problems['bitsandbytes']}; {problems['torchao']}. Install them: {INSTALL_HINT}")
+
+
+def preferred(device_type: str, method: str) -> tuple[str, str]:
+    """The libraries to try for `method` on `device_type`, the faster first (module docstring)."""
+    if device_type == "cpu" and method == "int8":
+        return ("torchao", "bitsandbytes")
+    return ("bitsandbytes", "torchao")
 
 
 @functools.cache

@@ -249,7 +249,7 @@ def load_base(
     library = ""
     if method != "none":
         quant.check_applicable(name, _read_config(folder), method)
-        library = quant.backend(resolved_device)
+        library = quant.backend(resolved_device, method)
     quantization_plan = quant.from_pretrained_kwargs(
         method, resolved_dtype, resolved_device, library)
     if resolved_device.type == "cpu" and resolved_dtype == torch.bfloat16 \
