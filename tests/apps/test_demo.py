@@ -80,7 +80,7 @@ def _console_page(url: str) -> str:
 
 
 def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
-    """`make run`'s entry point on the random tiny model, 2 steps: the console URL before
+    """`make run`'s entry point on the random tiny model, 3 steps: the console URL before
     anything else, the run's page answering with its reward series while it trains, the
     estimate before the first step, one line per step, and no library noise (issue 21, 31)."""
     import re
@@ -94,10 +94,12 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
             "tinker_local.apps.demo",
             "--base-model",
             "tinker-local/tiny-llama",
+            # 3 steps and 32 problems: after step 0's line, two steps and the final evaluation
+            # (seconds) leave time to read the run's page while the run still serves it
             "--steps",
-            "2",
+            "3",
             "--eval-problems",  # not 200: the output, not the accuracy, is under test
-            "8",
+            "32",
             "--log-dir",
             str(tmp_path / "run"),
         ],
@@ -112,7 +114,7 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
             if line.startswith("step   0  reward") and live_page is None:
-                # the run is going (one more step and the final evaluation to come)
+                # the run is going (two more steps and the final evaluation to come)
                 watch = next(x for x in lines if x.startswith("watch it live at "))
                 run_url = re.search(r"this run: (http://\S+)\)", watch).group(1)
                 live_page = _console_page(run_url)
@@ -148,7 +150,7 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
     estimate = [i for i, line in enumerate(lines) if line.startswith("expected run time")]
     assert len(estimate) == 1, out
     assert re.match(
-        r"expected run time on this machine: about [\d.]+ min, [\d.]+-[\d.]+ min \(2 steps",
+        r"expected run time on this machine: about [\d.]+ min, [\d.]+-[\d.]+ min \(3 steps",
         lines[estimate[0]],
     ), out
     first_step = next(i for i, line in enumerate(lines) if line.startswith("step   0  reward"))
@@ -159,4 +161,4 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
         r"\(expected about [\d.]+ min, [\d.]+-[\d.]+ min\)",
         out,
     ), out
-    assert re.search(r"step   0:  +[\d.]+%  \[[\d.]+, [\d.]+\]  \(n=8\)", out), out
+    assert re.search(r"step   0:  +[\d.]+%  \[[\d.]+, [\d.]+\]  \(n=32\)", out), out
