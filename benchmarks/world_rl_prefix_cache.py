@@ -59,8 +59,8 @@ def child(mode: str, args: argparse.Namespace, log_dir: str) -> dict:
             "--batch-size", str(args.batch), "--group-size", str(args.group),
             "--max-tokens", str(args.max_tokens), "--eval-max-tokens", str(args.max_tokens),
             "--task-option", f"max_turns={args.turns}",
-            # the loop evaluates greedily before the first and after the last step: on as many
-            # held-out worlds as one step trains on, not the default 100
+            # n worlds per split: the steps' training worlds, and as many held-out worlds for
+            # the greedy evaluations before the first and after the last step (not 100)
             "--task-option", f"n={max(args.steps * args.batch, 2)}",
             "--eval-every", "0", "--save-every", "0", "--no-progress", "--log-dir", log_dir]
     if args.model:
