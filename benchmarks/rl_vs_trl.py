@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from machine import cpu_name  # benchmarks/ is the script's own folder on sys.path
 
 BATCH, GROUP, MAX_TOKENS, LR, RANK = 8, 8, 32, 5e-4, 16
 
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out = (str(Path(tempfile.mkdtemp(prefix="smoke-")) / "rl_vs_trl.json") if args.smoke
                     else "benchmarks/results/rl_vs_trl.json")
     results: dict[str, dict[str, Any]] = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         results["tinker-local"] = run_tinker_local(args.steps, args.seed, f"{tmp}/tl", sizes)
         if not args.skip_trl:
@@ -184,7 +188,10 @@ def main(argv: list[str] | None = None) -> None:
         summary["speedup_vs_trl"] = ratio
         print(f"tinker-local step is {ratio:.2f}x faster than TRL's (median)")
     Path(args.out).write_text(
-        json.dumps({"settings": vars(args), "summary": summary, "runs": results}, indent=2)
+        json.dumps({"settings": vars(args), "summary": summary, "runs": results,
+                    "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                                "load_average_before": load_before,
+                                "load_average_after": os.getloadavg()}}, indent=2)
     )
     print(f"wrote {args.out}")
 

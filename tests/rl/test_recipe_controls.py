@@ -65,12 +65,23 @@ def hopeless(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, smollm2_tokenizer_folder):
+def served(tmp_path_factory, smollm2_tokenizer_folder):
     """The fake engine behind a real server; the SDK's get_tokenizer() loads SmolLM2's."""
     engine = FakeEngine(str(smollm2_tokenizer_folder))
     settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"), long_poll_s=2.0)
     with fake_server(engine, settings) as served, served.client() as client:
-        yield client
+        yield engine, client
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served[1]
+
+
+def reference_reads(engine: FakeEngine) -> list[list[int]]:
+    """The sequences scored so far: every sampled prompt is PROMPT, the reference reads prompt
+    + answer (`compute_logprobs`)."""
+    return [p for batch in engine.sampling.batches for p in batch if len(p) > len(PROMPT)]
 
 
 def cfg(tmp_path: Path, **kw) -> RLConfig:
@@ -111,6 +122,28 @@ def test_kl_and_entropy_are_logged_every_step_without_any_coefficient(client, tm
     assert train[0]["kl/reference_k3"] == pytest.approx(0.0, abs=1e-6)
     assert train[-1]["kl/reference_k3"] > 0.05
     assert train[-1]["entropy/sampled"] < train[0]["entropy/sampled"]
+
+
+def test_the_logged_kl_reads_one_episode_per_group_and_the_penalty_reads_all(served, tmp_path):
+    """A reference pass over every sampled sequence doubled the demo's RL step: the logged KL
+    reads `reference_kl_per_group` episodes of each group; a KL penalty reads every sequence."""
+    engine, client = served
+    runs = {"default": {}, "two": {"reference_kl_per_group": 2},
+            "all": {"reference_kl_per_group": 0}, "penalty": {"kl_penalty_coef": 0.1}}
+    reads = {}
+    for name, settings in runs.items():
+        before = len(reference_reads(engine))
+        c = cfg(tmp_path / name, max_steps=2, **settings)
+        run(c, datasets, service_client=client)
+        reads[name] = reference_reads(engine)[before:]
+        assert all("kl/reference" in row for row in train_rows(c.log_dir)), name
+    # 2 steps of 4 groups of 8: one episode per group is 8 reads (fewer when two groups sampled
+    # the same answer), two are at most 16; every episode reads up to 64 distinct sequences.
+    assert 4 <= len(reads["default"]) <= 8
+    assert len(reads["default"]) < len(reads["two"]) <= 16
+    assert len(reads["all"]) > 16 and len(reads["penalty"]) > 16
+    with pytest.raises(ValueError, match="reference_kl_per_group"):
+        cfg(tmp_path / "bad", reference_kl_per_group=-1)
 
 
 def test_the_kl_reference_can_be_a_checkpoint(client, tmp_path):

@@ -7,11 +7,12 @@ A multi-turn conversation (sample, then a prompt that extends the first turn, th
 (float32, 1e-5), while the engine's counters (`EngineStatus`, shown on the console's live page)
 say the cached server computed only each turn's new tokens. Weights after an `optim_step` never
 reuse entries of the weights before it; `kind="inflight"` clients follow later inflight saves
-and keep KV namespaces of their own.
+and keep KV namespaces of their own. The RL loop's reference pass reads a group's prompt once.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,6 +25,8 @@ from tinker_local.apps.embedded import add_loopback_to_no_proxy
 from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
 from tinker_local.engine.sampling.prefix_cache import BLOCK_TOKENS, DEFAULT_BUDGET_BYTES
+from tinker_local.rl.data import TrainSequence
+from tinker_local.rl.reference_kl import ReferencePolicy
 from tinker_local.server.core.service import ServerSettings
 from tinker_local.server.http.start import LocalServer
 
@@ -177,3 +180,28 @@ def test_weights_after_an_optim_step_never_reuse_and_inflight_clients_follow_sav
     reused = _sample(inflight_b, prompt, seed=5)
     assert cached.counts()[1] - before[1] == len(prompt) - 1  # ... which it reuses
     _scored_alike(snapshot_2, prompt, reused)
+
+
+def test_the_rl_reference_reads_a_groups_prompt_once(servers) -> None:
+    """`rl.reference_kl.ReferencePolicy` scores one sequence per prompt before the others, so
+    a group's other answers find the prompt in the cache (a reference pass costs as much as
+    sampling: it doubled the demo's RL step when every sequence computed its prompt)."""
+    cached, plain = servers
+    prompt = [int(t) for t in np.random.default_rng(2).integers(10, 200, size=2 * BLOCK_TOKENS)]
+    answers = [[300 + i, 17, 18, 19, 20] for i in range(3)]  # distinct from their first token
+    seqs = [
+        TrainSequence(tokens=prompt + a, sampler_logprobs=[0.0] * (len(prompt) + len(a)),
+                      mask=[0.0] * len(prompt) + [1.0] * len(a),
+                      advantages=[0.0] * (len(prompt) + len(a)))
+        for a in answers
+    ]
+    read = {}
+    for name, server in (("cached", cached), ("plain", plain)):
+        before = server.counts()
+        read[name] = asyncio.run(ReferencePolicy(server.client, BASE).logprobs(seqs))
+        after = server.counts()
+        read[name + " counts"] = (after[0] - before[0], after[1] - before[1])
+    assert read["plain counts"] == (sum(len(s.tokens) for s in seqs), 0)
+    # The first sequence whole; the other two only their answers, the prompt from the cache.
+    assert read["cached counts"] == (len(prompt) + 3 * 5, 2 * len(prompt))
+    np.testing.assert_allclose(np.array(read["cached"]), np.array(read["plain"]), atol=TOL, rtol=0)

@@ -41,8 +41,10 @@ KL, entropy, over-long answers, early stopping (`reference_kl.py`, `overlong.py`
   action token's advantage. `kl_reference=None` is the base model; the pipeline's RL stage sets
   the SFT checkpoint it starts from, so RL is held near the SFT policy, not the base model.
 - `log_reference_kl=True`: `kl/reference` (k1), `kl/reference_k3` and `entropy/sampled` every
-  step, whatever the coefficients (one reference `compute_logprobs` per sampled sequence; False
-  saves it when no KL penalty needs it).
+  step, whatever the coefficients. The logged KL reads the reference on the sequences of
+  `reference_kl_per_group=1` episode(s) of each group (0: every episode); a reference pass over
+  every sampled sequence doubled the demo's RL step. The KL penalty reads every sequence it
+  trains on, and the logged KL then uses them all. False saves the pass when no penalty needs it.
 - `overlong="keep"`: cut-off answers are scored as they are; "filter" drops them from their
   group, "penalize" takes up to `overlong_penalty` (1.0) off their reward, ramping over the last
   `overlong_buffer` (0) tokens before `max_tokens`.
@@ -181,6 +183,7 @@ class RLConfig:
     # pipeline sets it to the SFT checkpoint its RL stage starts from.
     kl_reference: str | None = None
     log_reference_kl: bool = True  # kl/reference and kl/reference_k3 every step (reference_kl.py)
+    reference_kl_per_group: int = 1  # episodes per group the logged KL reads (0: all)
     tis_cap: float | None = None  # truncated importance weights on sampler/learner mismatch
     # over-long answers (cut off at max_tokens): "keep", "filter" or "penalize" (overlong.py)
     overlong: Literal["keep", "filter", "penalize"] = "keep"
@@ -263,6 +266,9 @@ class RLConfig:
             "keep_last": self.keep_last is None
             or (isinstance(self.keep_last, int) and self.keep_last >= 1),
             "keep_best": isinstance(self.keep_best, int) and self.keep_best >= 0,
+            "reference_kl_per_group": isinstance(self.reference_kl_per_group, int)
+            and not isinstance(self.reference_kl_per_group, bool)
+            and self.reference_kl_per_group >= 0,
             "max_env_error_fraction": _is_number(self.max_env_error_fraction)
             and 0 <= self.max_env_error_fraction <= 1,
         }

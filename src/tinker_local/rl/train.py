@@ -56,6 +56,7 @@ from tinker_local.rl.overlong import handle_overlong
 from tinker_local.rl.reference_kl import (
     ReferencePolicy,
     all_sequences,
+    kl_sample,
     reference_kl,
     sampled_entropy,
 )
@@ -396,12 +397,16 @@ class Trainer:
         return out
 
     async def _drift_metrics(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """Entropy of the sampled tokens, and KL to the reference (`log_reference_kl`), over
-        every sequence the step sampled, whatever the coefficients (`reference_kl.py`)."""
+        """Entropy of every sampled token, and KL to the reference (`log_reference_kl`) over
+        `reference_kl_per_group` episodes of each group, or over every sequence when the KL
+        penalty has read them all (`reference_kl.py`)."""
+        cfg = self.cfg
         seqs = all_sequences(groups)
         out = sampled_entropy(seqs)
-        if self.cfg.log_reference_kl and seqs:
-            out.update(reference_kl(seqs, await self.reference.logprobs(seqs)))
+        if cfg.log_reference_kl and seqs:
+            per_group = 0 if cfg.kl_penalty_coef > 0 else cfg.reference_kl_per_group
+            read = seqs if per_group == 0 else kl_sample(groups, per_group)
+            out.update(reference_kl(read, await self.reference.logprobs(read)))
         return out
 
     async def _learner_logprobs(self, seqs: Sequence[TrainSequence]) -> list[list[float]]:
