@@ -13,6 +13,7 @@ uses; pooled over seeds, the pairs are (seed, item)).
     .venv/bin/python benchmarks/two_stage_arms.py [--tasks arithmetic,sat] [--seeds 0,1]
         [--total-steps 20] [--sft-steps 10] [--rl-batch-size 4] [--eval-n 200]
         [--log-dir runs/two-stage-arms] [--arms sft_S,sft,rl_base,sft_rl] [--smoke]
+    .venv/bin/python benchmarks/two_stage_arms.py merge A/results.json B/results.json --out M.json
     .venv/bin/python benchmarks/two_stage_arms.py sweep --task arithmetic \
         --variant lr3e-5:learning_rate=3e-5 --variant kl:kl_penalty_coef=0.05 ...
 
@@ -20,7 +21,8 @@ uses; pooled over seeds, the pairs are (seed, item)).
 seed-0 `sft_S` checkpoint for T - S steps and compares each with that checkpoint; a variant with
 no settings (`--variant default:`) is the defaults' own run, the seed-0 `sft_rl` arm. Everything is
 resumable: finished runs and evaluations are read back from LOG_DIR. Results go to
-LOG_DIR/results.json (and sweep.json); the tables are printed in Markdown.
+LOG_DIR/results.json (and sweep.json); the tables are printed in Markdown. `merge` combines
+the results of runs made apart (seeds on two machines, or a later seed) and pools them again.
 """
 
 from __future__ import annotations
@@ -234,9 +236,12 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
 
 
 def rate(flags: list[bool]) -> dict[str, float]:
-    interval = jeffreys_interval(sum(flags), len(flags), 0.8)
-    return {"rate": sum(flags) / len(flags), "low": interval.low, "high": interval.high,
-            "n": len(flags)}
+    return rate_of_counts(sum(flags), len(flags))
+
+
+def rate_of_counts(successes: int, n: int) -> dict[str, float]:
+    interval = jeffreys_interval(successes, n, 0.8)
+    return {"rate": successes / n, "low": interval.low, "high": interval.high, "n": n}
 
 
 def cell(r: dict[str, float]) -> str:
@@ -289,6 +294,49 @@ def summarise(per_seed: dict[int, dict[str, list[bool]]], timings: dict) -> dict
         "tests": {f"{a} vs {b}": mcnemar(pooled[a], pooled[b]) for a, b in COMPARISONS},
     }
     return out
+
+
+# --- merge --------------------------------------------------------------------------------------
+def pooled_from_seeds(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The pooled block from per-seed blocks. Successes and discordant pairs add up over the
+    (seed, item) pairs, so this equals `summarise` over the seeds' concatenated verdicts."""
+    blocks = list(seeds.values())
+    rates = {}
+    for arm in ARMS:
+        cells = [b["rates"][arm] for b in blocks]
+        rates[arm] = rate_of_counts(sum(round(c["rate"] * c["n"]) for c in cells),
+                                    sum(c["n"] for c in cells))
+    tests = {}
+    for a, b in COMPARISONS:
+        name = f"{a} vs {b}"
+        a_only = sum(block["tests"][name]["a_only"] for block in blocks)
+        b_only = sum(block["tests"][name]["b_only"] for block in blocks)
+        tests[name] = {"a_only": a_only, "b_only": b_only, "p": mcnemar_exact(a_only, b_only)}
+    return {"rates": rates, "tests": tests}
+
+
+def merge_results(sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """Results of runs made apart (other seeds, tasks or machines) as one: every task's seeds
+    (a later source wins a seed both have), pooled again; each source's settings and CPU kept."""
+    merged: dict[str, Any] = {"cpu": sources[0]["cpu"],
+                              "rl_after_sft_defaults": sources[0]["rl_after_sft_defaults"],
+                              "tasks": {}, "sources": []}
+    for source in sources:
+        if source["rl_after_sft_defaults"] != merged["rl_after_sft_defaults"]:
+            raise ValueError("the sources ran with different RL-after-SFT defaults: "
+                             f"{source['rl_after_sft_defaults']} vs "
+                             f"{merged['rl_after_sft_defaults']}")
+        merged["sources"] += source.get("sources") or [
+            {"cpu": source["cpu"], "settings": source["settings"],
+             "seeds": {task: sorted(t["seeds"]) for task, t in source["tasks"].items()}}]
+        for task, summary in source["tasks"].items():
+            into = merged["tasks"].setdefault(task, {"seeds": {}, "timings": {}})
+            into["seeds"].update({str(k): v for k, v in summary["seeds"].items()})
+            into["timings"].update({str(k): v for k, v in summary.get("timings", {}).items()})
+    for summary in merged["tasks"].values():
+        summary["seeds"] = dict(sorted(summary["seeds"].items()))
+        summary["pooled"] = pooled_from_seeds(summary["seeds"])
+    return merged
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -387,7 +435,10 @@ def sweep_table(sweep: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", nargs="?", default="arms", choices=["arms", "sweep"])
+    parser.add_argument("mode", nargs="?", default="arms", choices=["arms", "sweep", "merge"])
+    parser.add_argument("inputs", nargs="*",
+                        help="merge: results.json files of separate runs, merged into --out")
+    parser.add_argument("--out", help="merge: the merged JSON (printed as Markdown too)")
     parser.add_argument("--tasks", default="arithmetic,sat", type=lambda s: s.split(","))
     parser.add_argument("--task", default="arithmetic", help="sweep: the task")
     parser.add_argument("--seeds", default="0,1", type=lambda s: [int(x) for x in s.split(",")])
@@ -405,6 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run (tiny random model, arithmetic, seed 0, 2 steps)")
     args = parser.parse_args(argv)
+    if args.mode == "merge":
+        if not args.inputs or not args.out:
+            parser.error("merge needs results files and --out")
+        merged = merge_results([json.loads(Path(p).read_text()) for p in args.inputs])
+        Path(args.out).write_text(json.dumps(merged, indent=2) + "\n")
+        print(markdown(merged), end="")
+        return 0
     if args.smoke:
         args.base_model, args.tasks, args.seeds = "tinker-local/tiny-llama", ["arithmetic"], [0]
         args.total_steps, args.sft_steps, args.eval_n, args.rl_batch_size = 2, 1, 3, 2
