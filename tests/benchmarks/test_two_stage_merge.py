@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # after the packages: its names are plain
+# Appended: the scripts' plain module names must not shadow installed packages.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import two_stage_arms as arms
 
 
