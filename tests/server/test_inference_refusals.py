@@ -58,11 +58,11 @@ def _claude(server: LocalServer, key: str) -> anthropic.Anthropic:
 
 
 @pytest.fixture(scope="module")
-def alice_checkpoint(server: LocalServer) -> tuple[tinker.ServiceClient, str]:
-    service = tinker.ServiceClient(base_url=server.base_url, api_key=KEY_A)
-    trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
-    path = trainer.save_weights_for_sampler("alice").result().path
-    return service, path
+def alice_checkpoint(server: LocalServer) -> Iterator[tuple[tinker.ServiceClient, str]]:
+    with tinker.ServiceClient(base_url=server.base_url, api_key=KEY_A) as service:
+        trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
+        path = trainer.save_weights_for_sampler("alice").result().path
+        yield service, path
 
 
 def _chat(client: openai.OpenAI, model: str) -> str:
@@ -277,18 +277,18 @@ def _chat_tokens(server: LocalServer, max_tokens: int) -> int:
 
 
 def test_requests_show_in_usage_and_the_audit_log(server):
-    service = tinker.ServiceClient(base_url=server.base_url, api_key=KEY_B)
-    trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=2).result()
-    path = trainer.save_weights_for_sampler("bob").result().path
-    before = time.time()
-    _chat(_oai(server, KEY_B), path)
-    owner = owner_of_key(KEY_B)
-    # Usage (billing events) is read from these spans.
-    spans = server.service.trace.spans_between(owner, before - 1, time.time() + 1)
-    mine = [s for s in spans if s.kind == "sample" and path in s.track]
-    assert mine and mine[-1].tokens["sampling_prefill"] > 0
-    assert mine[-1].tokens["sampling_sample"] > 0
-    today = datetime.now(timezone.utc).date()
-    reads = [e for e in server.service.audit.entries(owner, "all", today)
-             if e["event"] == "checkpoint_read" and e["event_details"].get("purpose") == "inference"]
-    assert reads and reads[-1]["event_details"]["tinker_path"] == path
+    with tinker.ServiceClient(base_url=server.base_url, api_key=KEY_B) as service:
+        trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=2).result()
+        path = trainer.save_weights_for_sampler("bob").result().path
+        before = time.time()
+        _chat(_oai(server, KEY_B), path)
+        owner = owner_of_key(KEY_B)
+        # Usage (billing events) is read from these spans.
+        spans = server.service.trace.spans_between(owner, before - 1, time.time() + 1)
+        mine = [s for s in spans if s.kind == "sample" and path in s.track]
+        assert mine and mine[-1].tokens["sampling_prefill"] > 0
+        assert mine[-1].tokens["sampling_sample"] > 0
+        today = datetime.now(timezone.utc).date()
+        reads = [e for e in server.service.audit.entries(owner, "all", today)
+                 if e["event"] == "checkpoint_read" and e["event_details"].get("purpose") == "inference"]
+        assert reads and reads[-1]["event_details"]["tinker_path"] == path

@@ -172,38 +172,38 @@ def test_checkpoint_publish_and_ttl_show_in_the_listing(
     server: FakeServer, trainer: tinker.TrainingClient
 ) -> None:
     rest_a = _rest(server, KEY_A)
-    bob = tinker.ServiceClient(base_url=server.base_url, api_key=KEY_B)
-    path = trainer.save_state("flagged").result().path
+    with tinker.ServiceClient(base_url=server.base_url, api_key=KEY_B) as bob:
+        path = trainer.save_state("flagged").result().path
 
-    def listed() -> types.Checkpoint:
-        (found,) = [c for c in rest_a.list_checkpoints(trainer.model_id).result().checkpoints
-                    if c.tinker_path == path]
-        return found
+        def listed() -> types.Checkpoint:
+            (found,) = [c for c in rest_a.list_checkpoints(trainer.model_id).result().checkpoints
+                        if c.tinker_path == path]
+            return found
 
-    assert not listed().public and listed().expires_at is None
-    with pytest.raises(tinker.NotFoundError):
-        bob.create_training_client_from_state(path).result()
-    rest_a.publish_checkpoint_from_tinker_path(path).result()
-    assert listed().public
-    with pytest.raises(tinker.BadRequestError, match="already public"):
+        assert not listed().public and listed().expires_at is None
+        with pytest.raises(tinker.NotFoundError):
+            bob.create_training_client_from_state(path).result()
         rest_a.publish_checkpoint_from_tinker_path(path).result()
-    with pytest.raises(tinker.NotFoundError):  # not Bob's to change
-        _rest(server, KEY_B).unpublish_checkpoint_from_tinker_path(path).result()
-    # Published: Bob may read it (but it stays Alice's).
-    assert bob.create_training_client_from_state(path).result().get_info().model_data.model_name
-    rest_a.unpublish_checkpoint_from_tinker_path(path).result()
-    assert not listed().public
-    with pytest.raises(tinker.NotFoundError):
-        bob.create_training_client_from_state(path).result()
+        assert listed().public
+        with pytest.raises(tinker.BadRequestError, match="already public"):
+            rest_a.publish_checkpoint_from_tinker_path(path).result()
+        with pytest.raises(tinker.NotFoundError):  # not Bob's to change
+            _rest(server, KEY_B).unpublish_checkpoint_from_tinker_path(path).result()
+        # Published: Bob may read it (but it stays Alice's).
+        assert bob.create_training_client_from_state(path).result().get_info().model_data.model_name
+        rest_a.unpublish_checkpoint_from_tinker_path(path).result()
+        assert not listed().public
+        with pytest.raises(tinker.NotFoundError):
+            bob.create_training_client_from_state(path).result()
 
-    before = datetime.now(timezone.utc)
-    rest_a.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
-    expires = listed().expires_at
-    assert before + timedelta(seconds=7190) < expires < before + timedelta(seconds=7300)
-    with pytest.raises(tinker.BadRequestError, match="between 3600"):
-        rest_a.set_checkpoint_ttl_from_tinker_path(path, 60).result()
-    rest_a.set_checkpoint_ttl_from_tinker_path(path, None).result()
-    assert listed().expires_at is None
+        before = datetime.now(timezone.utc)
+        rest_a.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
+        expires = listed().expires_at
+        assert before + timedelta(seconds=7190) < expires < before + timedelta(seconds=7300)
+        with pytest.raises(tinker.BadRequestError, match="between 3600"):
+            rest_a.set_checkpoint_ttl_from_tinker_path(path, 60).result()
+        rest_a.set_checkpoint_ttl_from_tinker_path(path, None).result()
+        assert listed().expires_at is None
 
 
 def test_external_weights_are_served_at_signed_urls_with_the_ttl_honoured(
@@ -350,20 +350,18 @@ def test_retrieve_futures_and_join_sampling_session(server: FakeServer) -> None:
     overrides = {"sample_use_retrieve_futures": True, "sample_join_sampling_session": True}
     server.settings.client_config.update(overrides)
     try:
-        client = tinker.ServiceClient(base_url=server.base_url, api_key=KEY_A)
-        sampler = client.create_sampling_client(base_model="fake/base")
-        params = types.SamplingParams(max_tokens=3, seed=1)
-        futures = [sampler.sample(types.ModelInput.from_ints([1, 2, i]), 2, params) for i in range(4)]
-        assert all(len(f.result().sequences) == 2 for f in futures)
-        clone = pickle.loads(pickle.dumps(sampler))  # joins the sampling session: clone 1
-        assert len(clone.sample(types.ModelInput.from_ints([3]), 1, params).result().sequences) == 1
-        handle = tinker.SamplingClient.from_sampler_handle(sampler.get_sampler_handle(), api_key=KEY_A)
-        assert len(handle.sample(types.ModelInput.from_ints([4]), 1, params).result().sequences) == 1
+        with tinker.ServiceClient(base_url=server.base_url, api_key=KEY_A) as client:
+            sampler = client.create_sampling_client(base_model="fake/base")
+            params = types.SamplingParams(max_tokens=3, seed=1)
+            futures = [sampler.sample(types.ModelInput.from_ints([1, 2, i]), 2, params) for i in range(4)]
+            assert all(len(f.result().sequences) == 2 for f in futures)
+            clone = pickle.loads(pickle.dumps(sampler))  # joins the sampling session: clone 1
+            assert len(clone.sample(types.ModelInput.from_ints([3]), 1, params).result().sequences) == 1
+            handle = tinker.SamplingClient.from_sampler_handle(sampler.get_sampler_handle(), api_key=KEY_A)
+            assert len(handle.sample(types.ModelInput.from_ints([4]), 1, params).result().sequences) == 1
     finally:
         for key in overrides:
             server.settings.client_config.pop(key)
     with pytest.raises(tinker.NotFoundError):  # another key's sampler
-        bob = tinker.ServiceClient(base_url=server.base_url, api_key=KEY_B)
         bob_sampler = tinker.SamplingClient.from_sampler_handle(sampler.get_sampler_handle(), api_key=KEY_B)
         bob_sampler.sample(types.ModelInput.from_ints([4]), 1, params).result()
-        del bob
