@@ -5,6 +5,7 @@ that finds the stopped run finished), and over-long answers filtered or softly p
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import tinker
 from support.fake_engine import BASE, FakeEngine, fake_server
 
+from tinker_local.apps import warmup
 from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
 from tinker_local.rl.train import run
@@ -144,6 +146,20 @@ def test_the_logged_kl_reads_one_episode_per_group_and_the_penalty_reads_all(ser
     assert len(reads["all"]) > 16 and len(reads["penalty"]) > 16
     with pytest.raises(ValueError, match="reference_kl_per_group"):
         cfg(tmp_path / "bad", reference_kl_per_group=-1)
+
+
+def test_make_runs_warm_up_times_the_reference_reads_a_step_makes(served, tmp_path):
+    """The run-time estimate times one step's work, the reference pass included: the logged
+    KL's one episode per group by default, every sequence with a KL penalty."""
+    engine, client = served
+    builders = Data(4, 8).get_batch(0)
+    reads = {}
+    for name, settings in {"default": {}, "penalty": {"kl_penalty_coef": 0.1}}.items():
+        before = len(reference_reads(engine))
+        asyncio.run(warmup.measure(client, cfg(tmp_path / name, **settings), builders, 2))
+        reads[name] = len(reference_reads(engine)) - before
+    # three timed passes over 1, 4 and 4 groups
+    assert 3 <= reads["default"] <= 9 < reads["penalty"]
 
 
 def test_the_kl_reference_can_be_a_checkpoint(client, tmp_path):

@@ -21,7 +21,7 @@ from tinker_local.rl.config import RLConfig
 from tinker_local.rl.data import trajectory_sequences
 from tinker_local.rl.learning_rate import adam_params
 from tinker_local.rl.minibatch import assemble
-from tinker_local.rl.reference_kl import ReferencePolicy, all_sequences
+from tinker_local.rl.reference_kl import ReferencePolicy, step_reads
 from tinker_local.rl.rollouts import SamplingSettings, rollout_group
 from tinker_local.rl.types import EnvGroupBuilder
 
@@ -122,8 +122,8 @@ async def measure(
         base_model=config.base_model, rank=config.lora_rank, seed=config.seed
     )
     sampler = await trainer.save_weights_and_get_sampling_client()
-    # A step also reads the reference's logprobs of what it sampled (the logged KL, the KL
-    # penalty): one more forward pass over the batch, which the estimate must include.
+    # A step also reads the reference's logprobs of what it sampled (the logged KL's sample of
+    # it, or all of it for the KL penalty): a forward pass the estimate must include.
     reference = (
         ReferencePolicy.of_run(service_client, config)
         if ReferencePolicy.read_every_step(config)
@@ -152,12 +152,15 @@ async def _one_step(
         *(rollout_group(b, sampler, settings, seed=i) for i, b in enumerate(builders))
     )
     sampled = time.perf_counter()
-    if reference is not None:  # counted with the training: the evaluations do not pay it
-        reference.new_step()
-        await reference.logprobs(all_sequences(groups))
     # Every sequence carries an advantage, as in a step where every group has a signal.
     seqs = [s for g in groups for traj in g.trajectories for s in trajectory_sequences(traj, 1.0)]
-    batch = assemble(seqs, config)
+    base = None
+    if reference is not None:  # counted with the training: the evaluations do not pay it
+        reference.new_step()
+        await reference.logprobs(step_reads(groups, config))
+        if config.kl_penalty_coef > 0:  # read above already: the penalty's input
+            base = await reference.logprobs(seqs)
+    batch = assemble(seqs, config, base_logprobs=base)
     learning_rate = config.learning_rate or 1e-4
     for _ in range(config.ppo_epochs):
         fb = trainer.forward_backward(batch.datums, config.loss_fn, config.loss_fn_config())

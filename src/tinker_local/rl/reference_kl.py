@@ -110,6 +110,13 @@ def all_sequences(groups: Sequence[TrajectoryGroup]) -> list[TrainSequence]:
     return group_sequences(groups, [[0.0] * len(g.trajectories) for g in groups])
 
 
+def step_reads(groups: Sequence[TrajectoryGroup], config: RLConfig) -> list[TrainSequence]:
+    """What a step reads from the reference (when `read_every_step`): every sampled sequence
+    when the KL penalty reads each trained one anyway, else the logged KL's sample."""
+    per_group = 0 if config.kl_penalty_coef > 0 else config.reference_kl_per_group
+    return kl_sample(groups, per_group)
+
+
 def kl_sample(groups: Sequence[TrajectoryGroup], per_group: int) -> list[TrainSequence]:
     """The sequences of the first `per_group` episodes of each group (0: every episode)."""
     if per_group == 0:

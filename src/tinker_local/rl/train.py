@@ -56,9 +56,9 @@ from tinker_local.rl.overlong import handle_overlong
 from tinker_local.rl.reference_kl import (
     ReferencePolicy,
     all_sequences,
-    kl_sample,
     reference_kl,
     sampled_entropy,
+    step_reads,
 )
 from tinker_local.rl.resume import (
     early_stopping_for,
@@ -404,8 +404,7 @@ class Trainer:
         seqs = all_sequences(groups)
         out = sampled_entropy(seqs)
         if cfg.log_reference_kl and seqs:
-            per_group = 0 if cfg.kl_penalty_coef > 0 else cfg.reference_kl_per_group
-            read = seqs if per_group == 0 else kl_sample(groups, per_group)
+            read = step_reads(groups, cfg)
             out.update(reference_kl(read, await self.reference.logprobs(read)))
         return out
 
