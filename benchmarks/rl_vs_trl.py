@@ -4,7 +4,9 @@ Both train LoRA rank 16 on every linear layer of SmolLM2-135M-Instruct on two-di
 (correct + 0.1 format bonus), 8 problems x 8 samples per step, 32 new tokens, temperature 1 with
 top-k 50, constant learning rate 5e-4, group advantages without std division (Dr. GRPO), no KL
 term. Start-up (server,
-model loading) is excluded; only optimizer steps are timed. Prints a table and writes JSON.
+model loading) is excluded; only optimizer steps are timed. With TRL, tinker-local runs again
+after it: the two tinker-local rows show how much the machine's speed drifted meanwhile. Prints a
+table and writes JSON.
 
     .venv/bin/python benchmarks/rl_vs_trl.py --steps 10 [--skip-trl] [--out bench.json]
 
@@ -175,18 +177,26 @@ def main(argv: list[str] | None = None) -> None:
                 results["trl"] = run_trl(args.steps, args.seed, f"{tmp}/trl", sizes)
             except ImportError as exc:
                 print(f"TRL not measured ({exc}); pip install trl to compare")
+        if "trl" in results:
+            # Again after TRL: a shared host's speed drifts over minutes, and a difference
+            # between the two runs shows how much.
+            results["tinker-local (after TRL)"] = run_tinker_local(
+                args.steps, args.seed, f"{tmp}/tl2", sizes)
     equal = min(sum(r["step_seconds"]) for r in results.values())
-    print(f"{'framework':<14}{'s/step (median)':>17}{'s/step (mean)':>15}{'reward@equal':>14}")
+    print(f"{'framework':<24}{'s/step (median)':>17}{'s/step (mean)':>15}{'reward@equal':>14}")
     summary = {}
     for name, r in results.items():
         med, mean = statistics.median(r["step_seconds"]), statistics.fmean(r["step_seconds"])
         at = reward_at(r, equal)
         summary[name] = {"median_step_s": med, "mean_step_s": mean, "reward_at_equal_time": at}
-        print(f"{name:<14}{med:>17.2f}{mean:>15.2f}{'-' if at is None else f'{at:.3f}':>14}")
+        print(f"{name:<24}{med:>17.2f}{mean:>15.2f}{'-' if at is None else f'{at:.3f}':>14}")
     if "trl" in summary:
-        ratio = summary["trl"]["median_step_s"] / summary["tinker-local"]["median_step_s"]
-        summary["speedup_vs_trl"] = ratio
-        print(f"tinker-local step is {ratio:.2f}x faster than TRL's (median)")
+        ours = [summary[k]["median_step_s"] for k in ("tinker-local", "tinker-local (after TRL)")]
+        ratios = [summary["trl"]["median_step_s"] / m for m in ours]
+        summary["speedup_vs_trl"] = ratios[0]
+        summary["speedup_vs_trl_after"] = ratios[1]
+        print(f"tinker-local step is {ratios[0]:.2f}x faster than TRL's (median; "
+              f"{ratios[1]:.2f}x with the run after TRL's)")
     Path(args.out).write_text(
         json.dumps({"settings": vars(args), "summary": summary, "runs": results,
                     "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
