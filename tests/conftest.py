@@ -137,6 +137,14 @@ def builtin_model_folder() -> Path:
     return resolve_model(config.DEFAULT_BASE_MODEL)
 
 
+@pytest.fixture(scope="session")
+def home_with_the_runs_models() -> Callable[[Path], Path]:
+    """`make(folder)`: a tinker-local home at `folder` that shares this run's built models and
+    tokenizers (a home of its own for a server lock, checkpoints and a store, without building
+    the tokenizers and tiny models again; tests of a fresh machine use an empty folder)."""
+    return lambda folder: home_sharing_models(folder, _shared_models)
+
+
 # A real `tinker-local serve`.
 
 

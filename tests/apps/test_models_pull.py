@@ -189,8 +189,11 @@ def test_pull_refuses_bad_names_missing_repos_a_full_disk_and_offline_mode(hub, 
     assert "Traceback" not in full.stderr
 
 
-def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(hub, tmp_path, start_serve):
-    env = _env(hub, tmp_path, TINKER_LOCAL_HOME=str(tmp_path / "home"))
+def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(
+    hub, tmp_path, start_serve, home_with_the_runs_models
+):
+    home = home_with_the_runs_models(tmp_path / "home")  # the pull goes to the empty HF cache
+    env = _env(hub, tmp_path, TINKER_LOCAL_HOME=str(home))
     server = start_serve("--allow-download", env=env)
     add_loopback_to_no_proxy()
     service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)

@@ -38,7 +38,7 @@ from cookbook_support import (
     run_logged,
 )
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 DATASET = "agentica-org/DeepCoder-Preview-Dataset"
 POLICY = "tinker-local-test/deepcoder-two-programs"

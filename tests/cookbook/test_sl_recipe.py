@@ -2,7 +2,9 @@
 
 `python -m tinker_cookbook.recipes.chat_sl.train dataset=<conversations.jsonl>` runs against a
 `tinker-local serve` subprocess for a few steps with periodic and rolling checkpoints; the
-server stays up afterwards so the checkpoints can be checked through the official SDK.
+server stays up afterwards so the checkpoints can be checked through the official SDK. On the
+tiny random Llama (SmolLM2's tokenizer and chat template): nothing here needs a model that can
+chat; tests/cookbook/test_rl_loop_recipe.py is the recipe smoke test on the built-in SmolLM2.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 import pytest
 from cookbook_support import (
     API_KEY,
-    MODEL,
     RENDERER,
+    TINY_MODEL,
     assert_finite,
     checkpoint_folder,
     conversations_file,
@@ -27,7 +29,8 @@ from cookbook_support import (
 )
 from support.served import ServeProcess
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = requires_cookbook
+MODEL = TINY_MODEL
 
 STEPS = 3
 BATCH = 4
@@ -45,7 +48,7 @@ class SLRun:
 
 @pytest.fixture(scope="module")
 def sl_run(
-    served: ServeProcess, tmp_path_factory: pytest.TempPathFactory, builtin_model_folder: Path
+    served: ServeProcess, tmp_path_factory: pytest.TempPathFactory, tiny_model_folder: Path
 ) -> SLRun:
     work = tmp_path_factory.mktemp("chat_sl")
     log_path = work / "run"
@@ -96,9 +99,10 @@ def test_metrics_have_finite_losses(sl_run: SLRun):
     assert [row["step"] for row in sl_run.metrics] == list(range(STEPS))
     for row in sl_run.metrics:
         nll = assert_finite(row, "train_mean_nll")
-        # A wrong label alignment or a dead model gives ~ln(49152) = 10.8 nats per token;
-        # SmolLM2-Instruct on plain chat answers is far below that.
-        assert 0.0 < nll < 5.0, row
+        # The random model guesses about uniformly: ~ln(49152) = 10.8 nats per token. That the
+        # weighted tokens are the assistant's is checked by the trained sampler's lower NLL on
+        # them (test_final_sampler_checkpoint_serves_the_trained_weights).
+        assert 0.0 < nll < 13.0, row
         assert row["num_sequences"] == BATCH
         assert row["num_loss_tokens"] > 0
         assert_finite(row, "train_mean_bpb")

@@ -27,7 +27,7 @@ from cookbook_support import (
     tail,
 )
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 TINY = "tinker-local/tiny-llama"
 # verifiers_rl/evaluate.py has no renderer option: it takes the cookbook's recommendation for

