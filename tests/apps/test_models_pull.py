@@ -169,24 +169,29 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     assert (_repo_cache(tmp_path) / "refs" / "main").read_text() == COMMIT
 
 
-def test_pull_refuses_bad_names_missing_repos_a_full_disk_and_offline_mode(hub, tmp_path):
-    env = _env(hub, tmp_path)
-    bad = _cli(env, "models", "pull", "not a name")
+def test_pull_refuses_bad_names_and_offline_mode(cli):
+    """In this process, which is offline (HF_HUB_OFFLINE=1, tests/conftest.py): both refusals
+    come before any hub request."""
+    bad = cli("models", "pull", "not a name")
     assert bad.returncode == 1 and "is not a hub model id: use ORG/NAME" in bad.stderr
+    offline = cli("models", "pull", REPO)
+    assert offline.returncode == 1 and "HF_HUB_OFFLINE=1 is set" in offline.stderr
+    serving = cli("serve", "--allow-download", "--port", "0")
+    assert serving.returncode == 2 and "--allow-download needs the hub" in serving.stderr
+    assert "Traceback" not in bad.stderr + offline.stderr + serving.stderr
+
+
+def test_pull_refuses_missing_repos_and_a_full_disk(hub, tmp_path):
+    env = _env(hub, tmp_path)
     missing = _cli(env, "models", "pull", "tiny-org/nothing-here")
     assert missing.returncode == 1 and "no model 'tiny-org/nothing-here' on " in missing.stderr
-    offline = _cli({**env, "HF_HUB_OFFLINE": "1"}, "models", "pull", REPO)
-    assert offline.returncode == 1 and "HF_HUB_OFFLINE=1 is set" in offline.stderr
-    serving = _cli({**env, "HF_HUB_OFFLINE": "1"}, "serve", "--allow-download", "--port", "0")
-    assert serving.returncode == 2 and "--allow-download needs the hub" in serving.stderr
 
     hub.claimed_sizes[SHARDS[1]] = 10**16  # ~9 PiB: more than any test disk
     full = _cli(env, "models", "pull", REPO)
     assert full.returncode == 1 and f"not enough disk for {REPO}" in full.stderr
     assert not [p for m, p, _ in hub.requests if m == "GET" and p.endswith(".safetensors")]
     assert not (_repo_cache(tmp_path) / "refs" / "main").exists()
-    assert "Traceback" not in bad.stderr + missing.stderr + offline.stderr + serving.stderr
-    assert "Traceback" not in full.stderr
+    assert "Traceback" not in missing.stderr + full.stderr
 
 
 def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(
