@@ -145,6 +145,25 @@ def home_with_the_runs_models() -> Callable[[Path], Path]:
     return lambda folder: home_sharing_models(folder, _shared_models)
 
 
+@pytest.fixture(scope="session")
+def home_with_the_runs_tokenizers() -> Callable[[Path], Path]:
+    """`make(folder)`: a tinker-local home at `folder` with no built model, whose tokenizer
+    folders (engine/models/builtin.tokenizer_folder, read from the GGUF and the tokenizer
+    packages) are this run's: a machine where tinker-local made them once. Making them from
+    nothing is tests/engine/test_tokenizer_publishing.py's subject; the other fresh-machine
+    tests (an empty HF cache, no weights) need not pay ~15 s each to make them again."""
+    from tinker_local.engine.models.builtin import TOKENIZERS_DIR
+
+    def make(folder: Path) -> Path:
+        shared = _shared_models / TOKENIZERS_DIR
+        shared.mkdir(parents=True, exist_ok=True)
+        (folder / "models").mkdir(parents=True, exist_ok=True)
+        (folder / "models" / TOKENIZERS_DIR).symlink_to(shared, target_is_directory=True)
+        return folder
+
+    return make
+
+
 # A real `tinker-local serve`.
 
 

@@ -49,14 +49,15 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _offline_machine(tmp_path: Path) -> dict[str, str]:
-    """A fresh home and HF cache, the hub unreachable, and HF_HUB_OFFLINE left unset."""
+def _offline_machine(tmp_path: Path, home: Path) -> dict[str, str]:
+    """An empty HF cache, a home with no model built (`home`), the hub unreachable, and
+    HF_HUB_OFFLINE left unset."""
     env = dict(os.environ)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HTTPS_PROXY",
                  "https_proxy", "ALL_PROXY", "all_proxy"):
         env.pop(name, None)
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
-    env["TINKER_LOCAL_HOME"] = str(tmp_path / "home")
+    env["TINKER_LOCAL_HOME"] = str(home)
     env["HF_HOME"] = str(tmp_path / "hf")
     return env
 
@@ -85,7 +86,9 @@ def test_a_reachable_hub_or_a_users_choice_is_left_alone(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("how", ["run", "embedded"])
-def test_an_unreachable_hub_means_offline_not_minutes_of_retries(tmp_path: Path, how: str) -> None:
+def test_an_unreachable_hub_means_offline_not_minutes_of_retries(
+    tmp_path: Path, how: str, home_with_the_runs_tokenizers
+) -> None:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     model = config.TINY_TEST_MODEL
@@ -94,7 +97,8 @@ def test_an_unreachable_hub_means_offline_not_minutes_of_retries(tmp_path: Path,
     else:
         cmd = [sys.executable, str(script), model, "embedded"]
     done = subprocess.run(
-        cmd, env=_offline_machine(tmp_path), capture_output=True, text=True, timeout=600,
+        cmd, env=_offline_machine(tmp_path, home_with_the_runs_tokenizers(tmp_path / "home")),
+        capture_output=True, text=True, timeout=600,
         check=False,
     )
     output = done.stdout + done.stderr

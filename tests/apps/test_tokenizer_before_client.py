@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tinker_local import config
 from tinker_local.engine.models import builtin
 
@@ -51,24 +53,28 @@ TOKENIZER_FIRST = textwrap.dedent(
 )
 
 
-def _fresh_machine(tmp_path: Path) -> dict[str, str]:
-    """An empty tinker-local home and an empty HF cache, offline."""
+@pytest.fixture
+def fresh_machine(tmp_path: Path, home_with_the_runs_tokenizers) -> dict[str, str]:
+    """The environment of a fresh machine, offline: an empty HF cache and a tinker-local home
+    with no model built (its tokenizer folders are the run's: see tests/conftest.py)."""
     env = dict(os.environ)
-    env["TINKER_LOCAL_HOME"] = str(tmp_path / "home")
+    env["TINKER_LOCAL_HOME"] = str(home_with_the_runs_tokenizers(tmp_path / "home"))
     env["HF_HOME"] = str(tmp_path / "hf")
     env.pop("HF_HUB_CACHE", None)
     env["HF_HUB_OFFLINE"] = "1"
     return env
 
 
-def test_run_serves_a_script_that_loads_the_builtin_tokenizer_first(tmp_path: Path) -> None:
+def test_run_serves_a_script_that_loads_the_builtin_tokenizer_first(
+    tmp_path: Path, fresh_machine: dict[str, str]
+) -> None:
     """On the tiny built-in (SmolLM2's tokenizer, read from the same GGUF): publishing works the
     same for every built-in, and converting SmolLM2's weights on a fresh home would add nothing."""
     script = tmp_path / "script.py"
     script.write_text(TOKENIZER_FIRST)
     done = subprocess.run(
         [*CLI, "run", "--", sys.executable, str(script), config.TINY_TEST_MODEL],
-        env=_fresh_machine(tmp_path),
+        env=fresh_machine,
         capture_output=True,
         text=True,
         timeout=600,
@@ -97,12 +103,14 @@ EMBEDDED = textwrap.dedent(
 )
 
 
-def test_embedded_server_publishes_every_listed_tokenizer_at_start(tmp_path: Path) -> None:
+def test_embedded_server_publishes_every_listed_tokenizer_at_start(
+    tmp_path: Path, fresh_machine: dict[str, str]
+) -> None:
     script = tmp_path / "embedded.py"
     script.write_text(EMBEDDED)
     done = subprocess.run(
         [sys.executable, str(script)],
-        env=_fresh_machine(tmp_path),
+        env=fresh_machine,
         capture_output=True,
         text=True,
         timeout=300,

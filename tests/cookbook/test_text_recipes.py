@@ -1,6 +1,9 @@
 """tinker-cookbook's remaining text recipes against tinker-local, unmodified, offline:
 `eval/run_inspect_evals` (inspect_ai), `multiplayer_rl/text_arena` (textarena) and
-`verifiers_rl` (verifiers). Each is started as its README shows, through `tinker-local run`.
+`verifiers_rl` (verifiers). The inspect run is started as the cookbook's README shows, through
+`tinker-local run`; the others talk to the worker's shared `tinker-local serve` (the `served`
+fixture) through TINKER_BASE_URL, the other way docs/cookbook.md gives, which saves a server
+start each.
 
 inspect's task and the verifiers environment are defined here, from local data, as a user
 defines their own (no hub download). verifiers_rl cannot run to the end with tinker-cookbook
@@ -42,6 +45,10 @@ def _run(cmd: list[str], tmp_path: Path, name: str, env: dict[str, str] | None =
 
 def _local(*recipe: str) -> list[str]:
     return [sys.executable, "-m", "tinker_local.cli", "run", "--", sys.executable, "-m", *recipe]
+
+
+def _module(*recipe: str) -> list[str]:
+    return [sys.executable, "-m", *recipe]
 
 
 # -- inspect_ai ------------------------------------------------------------------------------------
@@ -96,14 +103,14 @@ def test_run_inspect_evals_scores_a_local_task(tmp_path: Path, tiny_model_folder
 # -- textarena ---------------------------------------------------------------------------------------
 
 
-def test_text_arena_tictactoe_trains_one_step(tmp_path: Path, tiny_model_folder: Path) -> None:
+def test_text_arena_tictactoe_trains_one_step(tmp_path: Path, served) -> None:
     log_path = tmp_path / "run"
-    output = _run(_local(
+    output = _run(_module(
         "tinker_cookbook.recipes.multiplayer_rl.text_arena.train", f"model_name={TINY}",
         f"renderer_name={RENDERER}", "batch_size=2", "num_train_datapoints=2",
         "num_test_datapoints=2", "max_tokens=8", "max_steps=1", f"log_path={log_path}",
         "behavior_if_log_dir_exists=raise",
-    ), tmp_path, "text_arena")
+    ), tmp_path, "text_arena", cookbook_env(served.base_url))
     assert "Training completed successfully" in output
     [row] = [r for r in read_jsonl(log_path / "metrics.jsonl") if "env/all/total_episodes" in r]
     assert row["step"] == 0
@@ -134,15 +141,16 @@ def load_environment(**kwargs):
 
 
 @pytest.fixture
-def verifiers_env(tmp_path: Path, tiny_model_folder: Path) -> dict[str, str]:
-    """An installed-module verifiers environment (`vf.load_environment` imports it by id)."""
+def verifiers_env(tmp_path: Path, tiny_model_folder: Path, served) -> dict[str, str]:
+    """An installed-module verifiers environment (`vf.load_environment` imports it by id), and
+    the worker's shared server."""
     pytest.importorskip("verifiers", reason="the cookbook extra installs verifiers")
     (tmp_path / "envs").mkdir()
     (tmp_path / "envs" / "tinker_local_echo_env.py").write_text(VERIFIERS_ENV)
     hub = Path(os.environ["HF_HOME"]) / "hub" / ("models--" + TINY_AS.replace("/", "--"))
     if not hub.exists():
         place_in_hub_cache(Path(os.environ["HF_HOME"]), TINY_AS, tiny_model_folder)
-    return {**cookbook_env(), "PYTHONPATH": str(tmp_path / "envs")}
+    return {**cookbook_env(served.base_url), "PYTHONPATH": str(tmp_path / "envs")}
 
 
 def _expect_failure(cmd: list[str], tmp_path: Path, name: str, env: dict[str, str]) -> str:
@@ -157,7 +165,7 @@ def _expect_failure(cmd: list[str], tmp_path: Path, name: str, env: dict[str, st
 def test_verifiers_evaluate_runs_then_hits_the_cookbooks_logging_bug(
     tmp_path: Path, verifiers_env: dict[str, str]
 ) -> None:
-    output = _expect_failure(_local(
+    output = _expect_failure(_module(
         "tinker_cookbook.recipes.verifiers_rl.evaluate", f"model_name={TINY_AS}",
         "vf_env_id=tinker-local-echo-env", "num_examples=3", "rollouts_per_example=2",
         "max_tokens=8",
@@ -174,7 +182,7 @@ def test_verifiers_evaluate_runs_then_hits_the_cookbooks_logging_bug(
 def test_verifiers_train_hits_the_cookbooks_rollout_signature_bug(
     tmp_path: Path, verifiers_env: dict[str, str]
 ) -> None:
-    output = _expect_failure(_local(
+    output = _expect_failure(_module(
         "tinker_cookbook.recipes.verifiers_rl.train", f"model_name={TINY}",
         f"renderer_name={RENDERER}", "vf_env_id=tinker-local-echo-env", "group_size=2",
         "groups_per_batch=2", "max_tokens=8", "max_steps=2", "lora_rank=8",
