@@ -125,7 +125,8 @@ class Arms:
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             items = load_items(
-                self.task, COLLECT_N, split="train", seed=self.seed, **self.setup.options
+                self.task, self.args.collect_n, split="train", seed=self.seed,
+                **self.setup.options,
             )
             write_collection({self.task: items}, out)
         return out
@@ -447,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rl-batch-size", type=int, default=4,
                         help="problems per RL step, both RL arms (a budget, like the steps)")
     parser.add_argument("--eval-n", type=int, default=200)
+    parser.add_argument("--collect-n", type=int, default=COLLECT_N,
+                        help="SFT data: verified training solutions per task and seed, 10 %% "
+                             "of them the SFT validation set")
     parser.add_argument("--arms", default=",".join(TRAINED), type=lambda s: s.split(","),
                         help="train and evaluate only these (the rest later, from the cache)")
     parser.add_argument("--base-model", default=DEFAULT_BASE_MODEL)
@@ -454,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", type=parse_variant, default=[],
                         help="sweep: NAME:KEY=VALUE,... (RLConfig settings, JSON values)")
     parser.add_argument("--smoke", action="store_true",
-                        help="the smallest run (tiny random model, arithmetic, seed 0, 2 steps)")
+                        help="the smallest run (tiny random model, arithmetic, seed 0, 2 steps, "
+                             "80 SFT items)")
     args = parser.parse_args(argv)
     if args.mode == "merge":
         if not args.inputs or not args.out:
@@ -466,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.base_model, args.tasks, args.seeds = "tinker-local/tiny-llama", ["arithmetic"], [0]
         args.total_steps, args.sft_steps, args.eval_n, args.rl_batch_size = 2, 1, 3, 2
+        args.collect_n = 80
     for task in args.tasks + [args.task]:
         if task not in TASKS:
             parser.error(f"unknown task {task!r} (known: {', '.join(TASKS)})")

@@ -234,52 +234,57 @@ def reference(one_process: str) -> dict[str, Any]:
     return _script(one_process)
 
 
-@pytest.fixture(scope="module")
-def joint_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One group for the tests that need no flags of their own (a group start is three
-    processes), with joint training on: two clients' passes are joined over the ranks."""
-    with _group(tmp_path_factory.mktemp("group"), env={config.JOINT_TRAINING_ENV: "1"}) as (_, url):
-        yield url
-
-
 # ---- the tests ----------------------------------------------------------------------------------
 
 
-def test_two_ranks_data_parallel_match_one_process(joint_group, one_process, reference) -> None:
-    url = joint_group  # the group and the one process share the test home's checkpoints
-    got = _script(url)
-    _assert_same(got, reference)
-    # Checkpoints cross world sizes: 2 ranks -> 1 process, and 1 process -> 2 ranks.
-    for a, b in zip(_forward_from(one_process, got["path"]), got["after"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
-    for a, b in zip(_forward_from(url, reference["path"]), reference["after"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
-    _two_clients_stay_apart(url)
-    for got_step, want_step in zip(_value_model(url), _value_model(one_process), strict=True):
-        for a, b in zip(got_step, want_step, strict=True):
+class TestOneGroupWithJointTraining:
+    """Two tests on one group (a group start is three processes). The group holds the test
+    home, where the one-process reference keeps its checkpoints too, so it is this class's and
+    is stopped when the class ends: the tests after it start groups of their own there."""
+
+    @pytest.fixture(scope="class")
+    def joint_group(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+        """Joint training on: two clients' passes are joined over the ranks."""
+        folder = tmp_path_factory.mktemp("group")
+        with _group(folder, env={config.JOINT_TRAINING_ENV: "1"}) as (_, url):
+            yield url
+
+    def test_two_ranks_data_parallel_match_one_process(self, joint_group, one_process,
+                                                         reference) -> None:
+        url = joint_group  # the group and the one process share the test home's checkpoints
+        got = _script(url)
+        _assert_same(got, reference)
+        # Checkpoints cross world sizes: 2 ranks -> 1 process, and 1 process -> 2 ranks.
+        for a, b in zip(_forward_from(one_process, got["path"]), got["after"], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
-    got_rl, want_rl = _sampled_and_dimuon(url), _sampled_and_dimuon(one_process)
-    assert got_rl["tokens"] == want_rl["tokens"]
-    np.testing.assert_allclose(got_rl["losses"], want_rl["losses"], rtol=1e-5, atol=1e-5)
-    for a, b in zip(got_rl["after"], want_rl["after"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        for a, b in zip(_forward_from(url, reference["path"]), reference["after"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        _two_clients_stay_apart(url)
+        for got_step, want_step in zip(_value_model(url), _value_model(one_process), strict=True):
+            for a, b in zip(got_step, want_step, strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-5)
+        got_rl, want_rl = _sampled_and_dimuon(url), _sampled_and_dimuon(one_process)
+        assert got_rl["tokens"] == want_rl["tokens"]
+        np.testing.assert_allclose(got_rl["losses"], want_rl["losses"], rtol=1e-5, atol=1e-5)
+        for a, b in zip(got_rl["after"], want_rl["after"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
+    def test_two_ranks_match_one_process_on_a_hybrid_model(self, joint_group, one_process
+                                                               ) -> None:
+        """Qwen3.5's hybrid decoder (linear-attention layers with a recurrent state per row)
+        trained and sampled over two ranks gives one process's losses, logprobs, weights and
+        seeded samples."""
+        from tinker_local.engine.models import builtin
 
-def test_two_ranks_match_one_process_on_a_hybrid_model(joint_group, one_process) -> None:
-    """Qwen3.5's hybrid decoder (linear-attention layers with a recurrent state per row)
-    trained and sampled over two ranks gives one process's losses, logprobs, weights and
-    seeded samples."""
-    from tinker_local.engine.models import builtin
-
-    want = _script(one_process, builtin.TINY_QWEN3_5)
-    url = joint_group
-    # The outputs agree to 1e-5 before and after training, and the seeded samples exactly.
-    # The weights agree to 1e-3 (three Adam steps of 1e-2 move a weight up to 3e-2): Adam's
-    # normalised step turns rounding in near-zero gradients (the ranks sum in another
-    # order, over other padded shapes) into differences in a few entries, measured up to
-    # 3e-5 in the output layer's LoRA and 1.7e-4 in the linear-attention layers' in_proj_a
-    # LoRA (4 outputs, where the gradients are smallest).
-    _assert_same(_script(url, builtin.TINY_QWEN3_5), want, weights_atol=1e-3)
+        want = _script(one_process, builtin.TINY_QWEN3_5)
+        url = joint_group
+        # The outputs agree to 1e-5 before and after training, and the seeded samples exactly.
+        # The weights agree to 1e-3 (three Adam steps of 1e-2 move a weight up to 3e-2): Adam's
+        # normalised step turns rounding in near-zero gradients (the ranks sum in another
+        # order, over other padded shapes) into differences in a few entries, measured up to
+        # 3e-5 in the output layer's LoRA and 1.7e-4 in the linear-attention layers' in_proj_a
+        # LoRA (4 outputs, where the gradients are smallest).
+        _assert_same(_script(url, builtin.TINY_QWEN3_5), want, weights_atol=1e-3)
 
 
 def _two_clients_stay_apart(url: str) -> None:
