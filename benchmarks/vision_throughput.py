@@ -121,18 +121,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--smoke", action="store_true",
-                        help="one round of two rows on the dense tiny VLM only: checks the script runs")
+                        help="one round of two rows on the dense tiny VLM only: checks the "
+                             "script runs")
     args = parser.parse_args()
     models = (TINY_QWEN3_VL, TINY_QWEN3_VL_MOE)
-    if args.smoke:
-        args.rounds, models = 1, (TINY_QWEN3_VL,)
+    rows_per_batch = ROWS
+    if args.smoke:  # the script's path, not its numbers
+        args.rounds, models, rows_per_batch = 1, (TINY_QWEN3_VL,), 2
     load_before = os.getloadavg()
     engine = Engine(device="cpu", dtype="float32")
     rows = []
     for model in models:
         for with_images in (False, True):
-            # a smoke: two rows (the script's path, not its numbers)
-            prompts = inputs(engine, model, with_images)[:2 if args.smoke else ROWS]
+            prompts = inputs(engine, model, with_images)[:rows_per_batch]
             rows.append({
                 "model": model,
                 "images": with_images,
@@ -142,7 +143,7 @@ def main() -> None:
             })
     load_after = os.getloadavg()
     result = {
-        "cpu": cpu_name(), "threads": os.cpu_count(), "rows": 2 if args.smoke else ROWS,
+        "cpu": cpu_name(), "threads": os.cpu_count(), "rows": rows_per_batch,
         "new_tokens": NEW_TOKENS, "image_size": IMAGE_SIZE, "rounds": args.rounds,
         "load_before": load_before, "load_after": load_after, "results": rows,
     }

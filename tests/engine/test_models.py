@@ -161,6 +161,9 @@ def test_a_gguf_file_is_parsed_once_inside_the_block_and_gguf_is_restored_after(
         assert first.fields and first.tensors
         arch = next(iter(gguf.MODEL_ARCH_NAMES))
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        with builtin.gguf_parsed_once():  # re-entered: the same cache, kept after the inner block
+            assert gguf.GGUFReader(source) is first
+        assert gguf.GGUFReader(source) is first
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
     assert gguf.GGUFReader(source) is not first
 

@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -270,6 +271,11 @@ def no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+# gguf_parsed_once swaps functions of the gguf module, which every thread sees: one block at a
+# time (a server may build a tokenizer folder and a model at once), re-entered freely.
+_GGUF_ONCE_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def gguf_parsed_once() -> Iterator[None]:
     """transformers reads a GGUF file's metadata anew for the config, the tokenizer and the
@@ -278,22 +284,27 @@ def gguf_parsed_once() -> Iterator[None]:
     each file is parsed once and each table built once: the readers are only read from."""
     import gguf
 
-    make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
+    with _GGUF_ONCE_LOCK:
+        if getattr(gguf.GGUFReader, "parsed_once", False):  # already inside the block
+            yield
+            return
+        make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
 
-    def cached_reader(path, mode: str = "r"):
-        key = (str(Path(path).resolve()), mode)
-        if key not in readers:
-            readers[key] = make_reader(path, mode)
-        return readers[key]
+        def cached_reader(path, mode: str = "r"):
+            key = (str(Path(path).resolve()), mode)
+            if key not in readers:
+                readers[key] = make_reader(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader = cached_reader
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(make_name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
-        readers.clear()
+        cached_reader.parsed_once = True  # type: ignore[attr-defined]
+        gguf.GGUFReader = cached_reader
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(make_name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
+            readers.clear()
 
 
 def gguf_path() -> Path:
