@@ -1,5 +1,7 @@
 import json
 
+from support import processes
+
 from tinker_local.apps.demo import demo_config, report
 from tinker_local.rl.train import TrainResult
 
@@ -49,10 +51,9 @@ def test_demo_recipe_is_the_measured_one(tmp_path):
 
 def test_make_run_entry_point_parses_its_flags():
     """`make run` calls `python -m tinker_local.apps.demo`; --help must work without a server."""
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "tinker_local.apps.demo", "--help"],
         capture_output=True,
         text=True,
@@ -87,7 +88,7 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [
             sys.executable,
             "-m",
@@ -106,6 +107,7 @@ def test_demo_on_the_tiny_model_prints_an_estimate_and_no_warnings(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        fresh=True,  # what a newcomer's terminal shows includes what the imports print
     )
     lines: list[str] = []
     live_page = None

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import tinker
 from safetensors.torch import load_file
+from support import processes
 from tinker import types
 
 from tinker_local import config
@@ -51,7 +52,7 @@ def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None
            ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`tinker-local serve --nproc-per-node 2` on a free port: (the launcher, its URL)."""
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [*CLI, "serve", "--port", "0", "--nproc-per-node", "2", *extra],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
@@ -365,7 +366,7 @@ def test_run_starts_a_group_for_an_unmodified_script(tmp_path) -> None:
     script = tmp_path / "tiny_script.py"
     script.write_text(f"import transformers\ntransformers.AutoTokenizer.from_pretrained({TINY!r})\n"
                       f"print('TOKENIZER-OK', flush=True)\n{TINY_SCRIPT}")
-    done = subprocess.run(
+    done = processes.run(
         [*CLI, "run", "--nproc-per-node", "2", "--", sys.executable, str(script)],
         check=False, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")},

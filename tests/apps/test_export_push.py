@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from fake_hub import FakeHub
+from support import processes
 from tinker import types
 
 from tinker_local import config
@@ -68,7 +69,7 @@ def _export(args: list[str], hub: FakeHub, token: str | None = TOKEN,
     env.pop("HF_TOKEN", None)
     if token is not None:
         env["HF_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "tinker_local.apps.cli", "export", *args],
+    return processes.run([sys.executable, "-m", "tinker_local.apps.cli", "export", *args],
                           check=False, env=env, capture_output=True, text=True, timeout=300)
 
 

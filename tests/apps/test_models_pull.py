@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tinker
 from fake_hub import COMMIT, FakeHub
+from support import processes
 
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
@@ -66,7 +67,7 @@ def _env(hub: FakeHub, tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return processes.run(
         [sys.executable, "-m", "tinker_local.cli", *args],
         env=env, timeout=300, capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -118,7 +119,7 @@ def test_a_transfer_cut_off_mid_file_continues_where_it_stopped(hub, tmp_path):
 def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(hub, tmp_path):
     hub.slow.add(SHARDS[1])
     env = _env(hub, tmp_path)
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [sys.executable, "-m", "tinker_local.cli", "models", "pull", REPO],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -153,7 +154,7 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
         "    try:\n        registry.resolve_model(name)\n"
         "    except ValueError as e:\n        print(type(e).__name__, e)\n"
     )
-    refused = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+    refused = processes.run([sys.executable, "-c", probe], env=env, capture_output=True,
                              text=True, check=True).stdout  # fmt: skip
     assert refused.count("Error") == 2 and f"unknown model {REPO!r}" in refused
     assert f"is incomplete: its weight index names 1 missing shard(s) ({SHARDS[1]})" in refused

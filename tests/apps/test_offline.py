@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support import processes
 
 from tinker_local import config
 from tinker_local.apps import offline
@@ -96,7 +96,7 @@ def test_an_unreachable_hub_means_offline_not_minutes_of_retries(
         cmd = [*CLI, "run", "--", sys.executable, str(script), model]
     else:
         cmd = [sys.executable, str(script), model, "embedded"]
-    done = subprocess.run(
+    done = processes.run(
         cmd, env=_offline_machine(tmp_path, home_with_the_runs_tokenizers(tmp_path / "home")),
         capture_output=True, text=True, timeout=600,
         check=False,

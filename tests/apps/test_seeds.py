@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 from matplotlib.lines import Line2D
+from support import processes
 
 from tinker_local import config
 from tinker_local.apps.pipeline_runs import seeded, with_task
@@ -109,7 +110,7 @@ def test_pipeline_seed_and_task_variants():
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return processes.run(
         [sys.executable, "-m", "tinker_local.cli", *args], cwd=cwd, env=os.environ.copy(),
         timeout=600, capture_output=True, text=True, check=False,
     )  # fmt: skip

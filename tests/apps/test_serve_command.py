@@ -5,13 +5,13 @@ this process (the `cli` fixture)."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import httpx
 import tinker
+from support import processes
 
 from tinker_local import config
 from tinker_local.apps.serve import child_environment
@@ -62,7 +62,7 @@ def test_run_needs_a_command(cli) -> None:
 def test_run_executes_an_unmodified_script(tmp_path: Path) -> None:
     script = tmp_path / "tiny_script.py"
     script.write_text(TINY_SCRIPT)
-    done = subprocess.run(
+    done = processes.run(
         [*CLI, "run", "--", sys.executable, str(script)],
         check=False,
         capture_output=True,

@@ -6,12 +6,12 @@ as the server is up: `tinker-local run`, and the embedded `tinker_local.ServiceC
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support import processes
 
 from tinker_local import config
 from tinker_local.engine.models import builtin
@@ -72,7 +72,7 @@ def test_run_serves_a_script_that_loads_the_builtin_tokenizer_first(
     same for every built-in, and converting SmolLM2's weights on a fresh home would add nothing."""
     script = tmp_path / "script.py"
     script.write_text(TOKENIZER_FIRST)
-    done = subprocess.run(
+    done = processes.run(
         [*CLI, "run", "--", sys.executable, str(script), config.TINY_TEST_MODEL],
         env=fresh_machine,
         capture_output=True,
@@ -108,7 +108,7 @@ def test_embedded_server_publishes_every_listed_tokenizer_at_start(
 ) -> None:
     script = tmp_path / "embedded.py"
     script.write_text(EMBEDDED)
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, str(script)],
         env=fresh_machine,
         capture_output=True,

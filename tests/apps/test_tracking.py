@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import processes
 
 from tinker_local import config
 
@@ -35,7 +36,7 @@ def _cli():
     env.pop("WANDB_API_KEY", None)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return processes.run(
             [sys.executable, "-m", "tinker_local.cli", *args], env=env, timeout=600,
             capture_output=True, text=True, check=False,
         )  # fmt: skip

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import processes
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if "__main__" in p.read_text())
@@ -50,7 +51,7 @@ def test_every_benchmark_script_has_a_smoke_run():
 def _smoke(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
     flag, kind, flags = OUTPUT[name]
     target = out / f"{name}.json" if kind == "file" else out
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, str(BENCHMARKS / f"{name}.py"), "--smoke", flag, str(target), *flags,
          *extra],
         cwd=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600, capture_output=True,
@@ -90,7 +91,7 @@ def test_rl_vs_trl_with_trl(tmp_path, tiny_model_folder):
     if importlib.util.find_spec("trl") is None:
         pytest.skip("trl is not installed (pip install -e '.[bench]'): the TRL half of "
                     "benchmarks/rl_vs_trl.py was not run")  # fmt: skip
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, str(BENCHMARKS / "rl_vs_trl.py"), "--smoke", "--out",
          str(tmp_path / "r.json")], cwd=tmp_path, timeout=600, capture_output=True, text=True,
         check=False,

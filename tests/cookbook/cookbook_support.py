@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support import processes
 
 # The release whose source docs/cookbook.md checked for the install recipe (no tml_renderers
 # import on the paths run here). Another release needs that check redone.
@@ -83,7 +84,7 @@ def run_logged(
     """Run `cmd` with stdout+stderr to `log`; fail with the log's tail when it exits non-zero."""
     with log.open("w") as out:
         try:
-            proc = subprocess.run(
+            proc = processes.run(
                 cmd,
                 check=False,
                 stdout=out,
@@ -187,7 +188,7 @@ shutil.move(builder.cache_dir, target)
 shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "gsm8k")
 """
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    subprocess.run(
+    processes.run(
         [sys.executable, "-c", script, json.dumps(rows), str(work)], check=True, env=env,
         capture_output=True,
     )

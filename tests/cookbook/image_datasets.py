@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from support import processes
 
 CALTECH101 = "dpdl-benchmark/caltech101"
 
@@ -58,7 +59,7 @@ def prefill_caltech101_cache(hf_home: Path, work: Path, classes: list[str], per_
     settings stay as they are)."""
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
-    subprocess.run(
+    processes.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(classes), str(per_class), str(test_rows),
          str(work)],
         check=True, env=env, capture_output=True,

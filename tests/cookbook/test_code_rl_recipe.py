@@ -37,6 +37,7 @@ from cookbook_support import (
     requires_cookbook,
     run_logged,
 )
+from support import processes
 
 pytestmark = [requires_cookbook]
 
@@ -126,7 +127,7 @@ def build_two_program_model(dest: Path, tiny_folder: Path) -> None:
 def sandbox_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     log = tmp_path_factory.mktemp("sandbox-serve") / "sandbox.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(
+        proc = processes.Popen(
             [sys.executable, "-m", "tinker_local.cli", "sandbox-serve", "--port", "0"],
             stdout=out, stderr=subprocess.STDOUT, env=cookbook_env(),
         )
@@ -205,7 +206,7 @@ def _grade(url: str, program: str, timeout: int = 2) -> tuple[bool, dict]:
         "json.loads(sys.argv[1]), sys.argv[2], timeout=int(sys.argv[3])))\n"
         "print(json.dumps([ok, details]))\n"
     )
-    proc = subprocess.run(
+    proc = processes.run(
         [sys.executable, "-c", script, json.dumps(SAMPLE), program, str(timeout)],
         check=False, capture_output=True, text=True, env={**cookbook_env(), "SANDBOX_URL": url}, timeout=120,
     )

@@ -29,6 +29,7 @@ from cookbook_support import (
     run_logged,
     tail,
 )
+from support import processes
 
 pytestmark = [requires_cookbook]
 
@@ -156,7 +157,7 @@ def verifiers_env(tmp_path: Path, tiny_model_folder: Path, served) -> dict[str, 
 def _expect_failure(cmd: list[str], tmp_path: Path, name: str, env: dict[str, str]) -> str:
     log = tmp_path / f"{name}.log"
     with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+        proc = processes.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                               timeout=900, check=False)
     assert proc.returncode != 0, f"{name} now succeeds: update docs/cookbook.md\n{tail(log)}"
     return log.read_text(errors="replace")

@@ -9,7 +9,6 @@ import importlib.machinery
 import json
 import math
 import os
-import subprocess
 import sys
 import types as pytypes
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import processes
 from tinker import types
 
 from tinker_local import cli, config
@@ -526,7 +526,7 @@ def test_own_adapter_folder_is_removed_at_exit(tmp_path):
         "print(sampling.adapter_root)\n"
     )
     env = {**os.environ, "TINKER_LOCAL_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+    done = processes.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     root = Path(done.stdout.strip())

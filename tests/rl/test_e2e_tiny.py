@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import tinker
+from support import processes
 
 import tinker_local
 from tinker_local import config
@@ -85,7 +85,7 @@ def test_killed_cli_run_resumes_at_the_right_step(tmp_path):
         "--learning-rate", "1e-3", "--lora-rank", "4", "--task-option", "n_test=4",
         "--no-progress",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), start_new_session=True)
+    proc = processes.Popen(cmd, env=os.environ.copy(), start_new_session=True)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -100,7 +100,7 @@ def test_killed_cli_run_resumes_at_the_right_step(tmp_path):
     killed_at = checkpoints.last_record(log_dir)
     assert killed_at is not None and not killed_at.final and killed_at.step in (2, 4)
 
-    done = subprocess.run(cmd, env=os.environ.copy(), timeout=600, check=False)
+    done = processes.run(cmd, env=os.environ.copy(), timeout=600, check=False)
     assert done.returncode == 0
     train = [r for r in _rows(log_dir) if "reward/mean" in r]
     assert [r["step"] for r in train] == list(range(6))  # no gap, no duplicate

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import processes
 
 CONCURRENCY = 2
 
@@ -45,7 +46,7 @@ def _wait_for_url(proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> s
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     log = tmp_path_factory.mktemp("sandbox-serve") / "serve.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(
+        proc = processes.Popen(
             [sys.executable, "-m", "tinker_local.cli", "sandbox-serve", "--port", "0",
              "--concurrency", str(CONCURRENCY), "--max-run-timeout", "30",
              "--max-memory-mb", "1024", "--max-body-mb", "1"],

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from support import processes
+
 KEY_A = "tml-inference-alice-0123"
 KEY_B = "tml-inference-bob-456789"
 
@@ -30,7 +32,7 @@ class Served:
 @contextmanager
 def serve(*extra: str) -> Iterator[Served]:
     """`tinker-local serve --port 0 --api-key A --api-key B`, stopped at the end."""
-    proc = subprocess.Popen(
+    proc = processes.Popen(
         [sys.executable, "-m", "tinker_local.cli", "serve", "--port", "0", "--api-key", KEY_A,
          "--api-key", KEY_B, "--log-level", "WARNING", *extra],
         stdout=subprocess.PIPE,

@@ -28,6 +28,7 @@ import psutil
 import pytest
 import tinker
 from console_browser import chromium_binary, missing, screenshot
+from support import processes
 
 from tinker_local import config
 
@@ -63,7 +64,7 @@ class Run:
         self.log_dir = log_dir
         self.output = log_dir.parent / f"{log_dir.name}-output.txt"
         with self.output.open("w") as out:
-            self.proc = subprocess.Popen(
+            self.proc = processes.Popen(
                 [sys.executable, "-m", "tinker_local.cli", *args, "--log-dir", str(log_dir)],
                 env={**os.environ, "TINKER_API_KEY": KEY_A},
                 stdout=out,

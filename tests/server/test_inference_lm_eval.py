@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import tinker
 from inference_serve import KEY_A, Served, serve
+from support import processes
 from tinker import types
 
 from tinker_local import config
@@ -98,7 +98,7 @@ def _lm_eval(model: str, model_args: dict[str, object], tasks: Path, task_names:
              out: Path, *extra: str) -> dict[str, list[dict]]:
     args = ",".join(f"{k}={v}" for k, v in model_args.items())
     env = {**os.environ, "OPENAI_API_KEY": KEY_A, "HF_DATASETS_OFFLINE": "1"}
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", args,
          "--tasks", task_names, "--include_path", str(tasks), "--output_path", str(out),
          "--log_samples", *extra],

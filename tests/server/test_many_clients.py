@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
+from support import processes
 
 WORKER = Path(__file__).with_name("many_clients_worker.py")
 SEEDS = (1, 2, 3)
@@ -32,7 +33,7 @@ def _serve(start_serve) -> str:
 
 def _start(url: str, seed: int, out: Path, barrier: Path | None = None) -> subprocess.Popen[str]:
     extra = [str(barrier)] if barrier is not None else []
-    return subprocess.Popen(
+    return processes.Popen(
         [sys.executable, str(WORKER), url, KEYS[seed], str(seed), str(out), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import tinker
+from support import processes
 from support.fake_engine import VOCAB, FakeServer
 from tinker import types
 
@@ -434,7 +435,6 @@ def test_a_pickled_sampling_client_samples_from_another_process(
 ) -> None:
     import base64
     import pickle
-    import subprocess
     import sys
 
     sampler = service.create_sampling_client(base_model="fake/base").result()
@@ -447,7 +447,7 @@ def test_a_pickled_sampling_client_samples_from_another_process(
         "out = client.sample(types.ModelInput.from_ints([1, 2]), 2, params).result()\n"
         "print([s.tokens for s in out.sequences])\n"
     )
-    child = subprocess.run(
+    child = processes.run(
         [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
     )
     assert child.returncode == 0, child.stderr

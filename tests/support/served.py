@@ -1,11 +1,12 @@
-"""A real `tinker-local serve`, in a subprocess, as the tests start it.
+"""A real `tinker-local serve`, in a process of its own, as the tests start it.
 
-`ServeProcess` is the one way the suite starts `serve`: a free loopback port (`--port 0`), the
-output in a log file (read for the banner's URL and shown when something fails), ready once
-`/api/v1/healthz` answers. tests/conftest.py builds two fixtures on it: `served` (one server
-per test session, on its own home, for tests whose work is kept apart by run ids or API keys)
-and `start_serve` (a fresh server with the test's own flags, environment or home, for tests of
-the process itself: its flags, banner, Ctrl-C, a SIGKILL and restart).
+`ServeProcess` is the one way the suite starts `serve`: forked from the worker's fork server
+when the environment allows (tests/support/processes.py), on a free loopback port
+(`--port 0`), the output in a log file (read for the banner's URL and shown when something
+fails), ready once `/api/v1/healthz` answers. tests/conftest.py builds two fixtures on it:
+`served` (one server per test session, on its own home, for tests whose work is kept apart by
+run ids or API keys) and `start_serve` (a fresh server with the test's own flags, environment
+or home, for tests of the process itself: its flags, banner, Ctrl-C, a SIGKILL and restart).
 
 One `serve` may hold a home at a time (apps/serve.py's lock), so a server that lives as long
 as the session has a home of its own, whose models folder is the run's shared one
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import tinker
 
+from support import processes
 from tinker_local import config
 
 CLI = [sys.executable, "-m", "tinker_local.cli"]
@@ -54,7 +56,7 @@ class ServeProcess:
     def start(self, timeout_s: float = 300) -> ServeProcess:
         port_args = [] if "--port" in self.args else ["--port", "0"]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = processes.Popen(
                 [*CLI, "serve", *port_args, *self.args], stdout=out, stderr=subprocess.STDOUT,
                 env=self.env,
             )  # fmt: skip

@@ -1,0 +1,263 @@
+"""`Popen` and `run` as in `subprocess`, for the Python processes the suite starts.
+
+Every server, CLI command, recipe and benchmark script the suite starts is a new interpreter
+that imports torch, transformers and peft before it does anything: 5-7 s of CPU each, over a
+hundred times a run. Here such a process is forked from a per-worker fork server
+(tests/support/zygote.py) that has done those imports once. The child is still a process of
+its own: its own pid, stdio, environment, working directory and session; it runs its module,
+script or `-c` code as `__main__`, answers signals, and exits with its own code.
+
+A process is started the usual way (fork and exec) instead when the fork server cannot stand in
+for a new interpreter:
+- `fresh=True`: the test's subject is what a new interpreter does (what its imports print,
+  which packages import at all);
+- the argv is not `sys.executable [-u] (-m MODULE | -c CODE | SCRIPT) ...`, or the call uses a
+  Popen option the fork server does not carry (pass_fds, preexec_fn, user, umask, shell...);
+- the environment differs from the fork server's in a variable that libraries read when they
+  are imported (HF_*, TRANSFORMERS_*, OMP_*, PYTHON*, HOME...): a fresh machine's HF_HOME, say.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+
+# Variables read at import time by torch, transformers, huggingface_hub, tokenizers or Python
+# itself: a child whose value differs needs a new interpreter. The rest (TINKER_*, W&B,
+# PYTEST_CURRENT_TEST...) are read when the code runs.
+_READ_AT_IMPORT = (
+    "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "SAFETENSORS", "TORCH", "PYTORCH",
+    "OMP_", "MKL_", "OPENBLAS", "KMP_", "GOMP", "CUDA", "PYTHON", "LD_", "LC_", "LANG",
+    "HOME", "XDG_", "TMPDIR", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON",
+)
+# Exceptions: PYTHONUNBUFFERED (the fork server applies it to the child's stdio); what libraries
+# in the test process set for themselves and children inherit: torch's compile cache folder
+# (read when something compiles), and the Intel OpenMP switches sklearn and joblib set (this
+# torch uses GNU OpenMP).
+_NOT_READ_AT_IMPORT = {
+    "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+}
+# Read at import by a library the fork server does not import (tests/support/zygote.py checks
+# that it does not): a child that imports `datasets` reads them itself.
+_READ_BY_LIBRARIES_NOT_PRELOADED = ("HF_DATASETS_",)
+# Popen's options at these values only: the fork server carries stdio, cwd, env and a new
+# session, nothing else.
+_FORK_SERVER_DEFAULTS = {
+    "executable": None, "preexec_fn": None, "close_fds": True, "pass_fds": (), "shell": False,
+    "startupinfo": None, "creationflags": 0, "restore_signals": True, "user": None,
+    "group": None, "extra_groups": None, "umask": -1, "process_group": None,
+}
+
+
+def _read_at_import(name: str) -> bool:
+    return (
+        name.startswith(_READ_AT_IMPORT)
+        and name not in _NOT_READ_AT_IMPORT
+        and not name.startswith(_READ_BY_LIBRARIES_NOT_PRELOADED)
+    )
+
+
+def _target(args: Any) -> dict | None:
+    """`sys.executable [-u] (-m MODULE | -c CODE | SCRIPT) ARGS...` as a fork request's target."""
+    if isinstance(args, (str, bytes)) or not args:
+        return None
+    argv = [os.fspath(a) for a in args]
+    if argv[0] != sys.executable:
+        return None
+    rest, unbuffered = argv[1:], False
+    while rest and rest[0] == "-u":
+        rest, unbuffered = rest[1:], True
+    if not rest:
+        return None
+    if rest[0] in ("-m", "-c") and len(rest) >= 2:
+        kind = "module" if rest[0] == "-m" else "code"
+        return {"kind": kind, "target": rest[1], "args": rest[2:], "unbuffered": unbuffered}
+    if rest[0].startswith("-"):
+        return None
+    return {"kind": "script", "target": rest[0], "args": rest[1:], "unbuffered": unbuffered}
+
+
+# The environment as tests/conftest.py set it up, before any test changed it: the fork server
+# starts with it even when a test with a patched environment happens to start it.
+_SUITE_ENV = dict(os.environ)
+
+
+class _ForkServer:
+    """One fork server per test process, started on first use with the suite's environment."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = dict(_SUITE_ENV)
+        # What its imports print (torchao's, say) goes to a log, not into pytest's output.
+        self.log = Path(tempfile.gettempdir()) / f"tinker-local-fork-server-{os.getpid()}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ZYGOTE), str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
+            )  # fmt: skip
+        theirs.close()
+        self.conn = ours
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Hang up: the fork server exits (its running children go on) and is waited for, so
+        its CPU time counts in this process's children's."""
+        self.conn.close()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.unlink(missing_ok=True)
+
+    def can_stand_in(self, env: dict[str, str]) -> bool:
+        if self.process.poll() is not None:
+            return False
+        names = set(env) | set(self.env)
+        return not any(_read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
+
+    def fork(self, request: dict, fds: list[int]) -> int:
+        with self.lock:
+            socket.send_fds(self.conn, [json.dumps(request).encode()], fds)
+            answer = self.conn.recv(4096)
+        if not answer:
+            raise RuntimeError(f"the fork server {ZYGOTE} exited; its output: {self.log}")
+        return json.loads(answer)["pid"]
+
+
+_server: _ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def _fork_server() -> _ForkServer:
+    global _server
+    with _server_lock:
+        if _server is None or _server.process.poll() is not None:
+            _server = _ForkServer()
+        return _server
+
+
+class Popen(subprocess.Popen):
+    """subprocess.Popen; a Python child is forked from the fork server when it can stand in."""
+
+    def __init__(self, args: Any, *, fresh: bool = False, **kwargs: Any) -> None:
+        self._fork_target = None if fresh else self._fork_target_of(args, kwargs)
+        self._status: socket.socket | None = None
+        super().__init__(args, **kwargs)
+
+    @staticmethod
+    def _fork_target_of(args: Any, kwargs: dict[str, Any]) -> dict | None:
+        if any(kwargs.get(k, default) != default for k, default in _FORK_SERVER_DEFAULTS.items()):
+            return None
+        target = _target(args)
+        if target is None:
+            return None
+        env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+        if not _fork_server().can_stand_in(env):
+            return None
+        return {**target, "env": env}
+
+    @property
+    def forked(self) -> bool:
+        """Whether the fork server started this process (not a fork and exec)."""
+        return self._fork_target is not None
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                       errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):  # fmt: skip
+        if self._fork_target is None:
+            return super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+                restore_signals, gid, gids, uid, umask, start_new_session, process_group,
+            )  # fmt: skip
+        status_here, status_there = socket.socketpair()
+        stdio = [fd if fd != -1 else default for fd, default in
+                 ((p2cread, 0), (c2pwrite, 1), (errwrite, 2))]  # fmt: skip
+        request = {**self._fork_target, "cwd": os.fspath(cwd) if cwd else None,
+                   "new_session": bool(start_new_session)}  # fmt: skip
+        try:
+            self.pid = _fork_server().fork(request, [*stdio, status_there.fileno()])
+            self._child_created = True
+            self._status = status_here
+        finally:
+            status_there.close()
+            # The child's ends of the pipes, as subprocess closes them after a fork and exec.
+            devnull = getattr(self, "_devnull", None)
+            if p2cread != -1 and p2cwrite != -1 and p2cread != devnull:
+                os.close(p2cread)
+            if c2pwrite != -1 and c2pread != -1 and c2pwrite != devnull:
+                os.close(c2pwrite)
+            if errwrite != -1 and errread != -1 and errwrite != devnull:
+                os.close(errwrite)
+            if devnull is not None:
+                os.close(devnull)
+
+    def _ended_status(self, timeout: float | None) -> int | None:
+        """The raw wait status the fork server reports when the child ends, or None if it has
+        not ended within `timeout` seconds."""
+        assert self._status is not None
+        ready, _, _ = select.select([self._status], [], [], timeout)
+        if not ready:
+            return None
+        data = self._status.recv(4)
+        self._status.close()
+        if len(data) < 4:  # the fork server went away: nothing more will be known
+            return 0
+        return struct.unpack("!i", data)[0]
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
+        if self._status is None:
+            return super()._try_wait(wait_flags)
+        status = self._ended_status(0 if wait_flags & os.WNOHANG else None)
+        return (0, 0) if status is None else (self.pid, status)
+
+    def _internal_poll(self, _deadstate: int | None = None, **_: Any) -> int | None:
+        if self._status is None:
+            return super()._internal_poll(_deadstate)
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                if self.returncode is None:
+                    pid, status = self._try_wait(os.WNOHANG)
+                    if pid:
+                        self._handle_exitstatus(status)
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
+
+
+def run(args: Any, *, input: Any = None, capture_output: bool = False,
+        timeout: float | None = None, check: bool = False, **kwargs: Any,
+        ) -> subprocess.CompletedProcess:  # fmt: skip
+    """subprocess.run on this module's Popen."""
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with Popen(args, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            process.kill()
+            expired.output, expired.stderr = process.communicate()
+            raise
+        except BaseException:
+            process.kill()
+            raise
+        code = process.poll()
+    if check and code:
+        raise subprocess.CalledProcessError(code, process.args, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(process.args, code, stdout, stderr)

@@ -1,0 +1,256 @@
+"""The fork server behind tests/support/processes.py: `python zygote.py FD`.
+
+It imports once what nearly every Python process the suite starts imports (torch, transformers
+and peft, the tinker SDK, the server and engine, the cookbook), then waits on the Unix socket
+FD. Each request (argv, environment, working directory, and the child's stdin, stdout and
+stderr as passed file descriptors) forks a child that takes on those, runs the module, script
+or code as `__main__` as `python` would, and exits the way a Python process exits (atexit,
+threads joined, the exit code or the signal). The fork costs milliseconds where a new
+interpreter's imports cost 5-7 s of CPU.
+
+The parent learns the child's pid at once and its raw wait status, when it ends, on a socket
+it passed with the request. This process never starts a thread and never computes with torch,
+so the children do not inherit held locks or a half-initialised OpenMP pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import types
+
+MAX_REQUEST_BYTES = 1 << 20
+# The stdin, stdout, stderr and exit-status descriptors that come with each request.
+FDS_PER_REQUEST = 4
+
+# What nearly every child imports: the libraries of the engine and the server, and the SDK. The
+# entry modules themselves (tinker_local.cli) are left out: a child runs them as `__main__`, as
+# `python -m` does. So is the cookbook: it imports wandb, which makes a temporary folder at
+# import that every process deletes at exit, and a child would delete its siblings' folder.
+PRELOAD = (
+    "torch",
+    "numpy",
+    "transformers",
+    "transformers.modeling_utils",
+    "peft",
+    "safetensors.torch",
+    "tinker",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "tinker_local.apps.cli",
+    "tinker_local.apps.serve",
+    "tinker_local.engine.factory",
+    "tinker_local.server.http.start",
+)
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            # An optional extra that is not installed: the children import what they need.
+            pass
+
+
+def _reply(conn: socket.socket, message: dict) -> None:
+    conn.send(json.dumps(message).encode())
+
+
+def serve(conn: socket.socket) -> tuple[dict, list[int]]:
+    """Fork a child per request until the parent hangs up; in a child, return its request."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_write)
+    selector = selectors.DefaultSelector()
+    selector.register(conn, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    status_fd_of: dict[int, int] = {}
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is conn:
+                data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, FDS_PER_REQUEST)
+                if not data:  # the parent hung up; skip the ~2 s teardown of every module
+                    os._exit(0)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (wake_read, wake_write, *status_fd_of.values()):
+                        os.close(fd)
+                    conn.close()
+                    return json.loads(data), fds
+                for fd in fds[:3]:
+                    os.close(fd)
+                status_fd_of[pid] = fds[3]
+                _reply(conn, {"pid": pid})
+            else:
+                while True:
+                    try:
+                        if not os.read(wake_read, 512):
+                            break
+                    except BlockingIOError:
+                        break
+            _report_ended_children(status_fd_of)
+
+
+def _report_ended_children(status_fd_of: dict[int, int]) -> None:
+    while status_fd_of:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = status_fd_of.pop(pid, None)
+        if fd is not None:
+            try:
+                os.write(fd, struct.pack("!i", status))
+            except OSError:
+                pass  # the parent stopped listening
+            os.close(fd)
+
+
+def _stream(fd: int, old: io.TextIOWrapper, unbuffered: bool) -> io.TextIOWrapper:
+    """A new sys.stdin/stdout/stderr on `fd`, buffered the way CPython buffers it at start-up:
+    stdout line by line on a terminal, stderr line by line always, both unbuffered under -u."""
+    if fd == 0:
+        raw = io.FileIO(0, "r", closefd=False)
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding=old.encoding, errors=old.errors)
+    raw = io.FileIO(fd, "w", closefd=False)
+    binary = raw if unbuffered else io.BufferedWriter(raw)
+    line_buffering = fd == 2 or (not unbuffered and os.isatty(fd))
+    return io.TextIOWrapper(binary, encoding=old.encoding, errors=old.errors,
+                            line_buffering=line_buffering, write_through=unbuffered)  # fmt: skip
+
+
+def _fresh_random_state() -> None:
+    """A new interpreter seeds its generators from the OS; a fork would copy the server's."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+
+
+def become(request: dict, fds: list[int]) -> None:
+    """Take on the request's session, stdio, directory and environment, then run its target."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in zip((0, 1, 2), fds[:3]):
+        if fd != target:
+            os.dup2(fd, target)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    if request["cwd"]:
+        os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = request["unbuffered"] or bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = _stream(0, sys.__stdin__, unbuffered)
+    sys.stdout = sys.__stdout__ = _stream(1, sys.__stdout__, unbuffered)
+    sys.stderr = sys.__stderr__ = _stream(2, sys.__stderr__, unbuffered)
+    _fresh_random_state()
+
+    import runpy
+
+    kind, target, args = request["kind"], request["target"], request["args"]
+    if kind == "module":
+        sys.argv = [target, *args]  # runpy puts the module's file in sys.argv[0]
+        sys.path[0] = os.getcwd()
+        sys.modules.pop(target, None)
+        sys.modules.pop(f"{target}.__main__", None)
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "script":
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        sys.argv = ["-c", *args]
+        sys.path[0] = ""
+        main_module = types.ModuleType("__main__")
+        sys.modules["__main__"] = main_module
+        exec(compile(target, "<string>", "exec"), main_module.__dict__)  # noqa: S102 - `python -c`
+
+
+def main() -> tuple[dict, list[int]]:
+    conn = socket.socket(fileno=int(sys.argv[1]))
+    sys.path[0] = os.getcwd()  # not this folder: the helpers beside it are not the children's
+    preload()
+    # What a fork cannot share: threads (the children would inherit their locks, not them) and
+    # temporary folders that each process removes when it exits.
+    assert threading.active_count() == 1, f"preloading started threads: {threading.enumerate()}"
+    import tempfile
+    import warnings
+
+    with warnings.catch_warnings():  # looking at every object touches deprecated aliases
+        warnings.simplefilter("ignore")
+        shared = [o.name for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
+    assert not shared, f"preloading made temporary folders each child would delete: {shared}"
+    # processes.py lets HF_DATASETS_* differ from this process's environment because of this.
+    assert "datasets" not in sys.modules, "preloading imported `datasets`, which reads HF_DATASETS_*"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The imported modules' objects live as long as any child: the collector leaves them alone
+    # in every child (gc.freeze), so it neither walks them on each full collection nor copies
+    # the pages they sit on.
+    gc.collect()
+    gc.freeze()
+    return serve(conn)
+
+
+def exit_as_python_does(run) -> None:
+    """Run `run`, then end this process the way the interpreter ends `python -m MODULE`: an
+    uncaught exception's traceback and exit code 1, SystemExit's code, death by SIGINT after a
+    KeyboardInterrupt; threads joined, atexit handlers run and stdio flushed first. What is left
+    out is the teardown of every module, which costs ~2 s in a process that holds this many and
+    that nothing outside the process can observe."""
+    code, interrupted = 0, False
+    try:
+        run()
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException as error:  # noqa: BLE001 - reported as the interpreter reports it
+        sys.excepthook(type(error), error, error.__traceback__)
+        interrupted = isinstance(error, KeyboardInterrupt)
+        code = 1
+    # The interpreter's own shutdown sequence: join non-daemon threads and run the callbacks
+    # that concurrent.futures registers there, then the atexit handlers.
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
+if __name__ == "__main__":
+    child_request, child_fds = main()
+    exit_as_python_does(lambda: become(child_request, child_fds))

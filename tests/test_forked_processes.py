@@ -1,0 +1,145 @@
+"""tests/support/processes.py: a child forked from the fork server behaves, seen from outside,
+like the same command started as a new interpreter; and what it cannot stand in for starts as one.
+
+Each behaviour is checked against `subprocess` running the same command for real, so the
+comparison is with Python itself, not with what this file expects Python to do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import processes
+
+PY = sys.executable
+
+
+def both(args: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The command forked from the fork server, and the same command run by subprocess."""
+    forked = processes.run(args, capture_output=True, text=True, timeout=120, **kwargs)
+    real = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120, **kwargs)
+    return forked, real
+
+
+def test_exit_codes_stdout_stderr_and_tracebacks_match_python(tmp_path: Path) -> None:
+    cases = {
+        "returns": "print('out'); import sys; print('err', file=sys.stderr)",
+        "exits 3": "import sys; print('bye'); sys.exit(3)",
+        "exits with a message": "import sys; sys.exit('a message')",
+        "raises": "raise ValueError('the reason')",
+        "exits 0 from a finally": "try:\n    raise KeyError(1)\nfinally:\n    import os; os._exit(0)",
+    }
+    for name, code in cases.items():
+        with processes.Popen([PY, "-c", code], stdout=subprocess.PIPE) as probe:
+            probe.communicate(timeout=120)
+        assert probe.forked, name
+        forked, real = both([PY, "-c", code])
+        assert forked.returncode == real.returncode, name
+        assert forked.stdout == real.stdout, name
+        # A traceback's last line is the same; its first frames are the fork server's.
+        assert forked.stderr.strip().splitlines()[-1:] == real.stderr.strip().splitlines()[-1:], name
+
+
+def test_argv_path_directory_environment_and_stdin(tmp_path: Path) -> None:
+    script = tmp_path / "tool" / "show.py"
+    script.parent.mkdir()
+    (script.parent / "helper_beside_it.py").write_text("VALUE = 'beside'\n")
+    script.write_text(
+        "import os, sys\n"
+        "from helper_beside_it import VALUE\n"  # the script's folder is sys.path[0]
+        "print(sys.argv[1:], VALUE, os.getcwd(), os.environ.get('TINKER_PROBE'), input())\n"
+    )
+    env = {**os.environ, "TINKER_PROBE": "set"}
+    forked, real = both([PY, str(script), "a", "b"], cwd=tmp_path, env=env, input="typed\n")
+    assert real.returncode == 0, real.stderr
+    assert forked.stdout == real.stdout == f"['a', 'b'] beside {tmp_path} set typed\n"
+
+    module = [PY, "-m", "json.tool", "--compact"]  # -m: a module run as __main__
+    forked, real = both(module, input='{"a": [1, 2]}')
+    assert forked.returncode == real.returncode == 0
+    assert forked.stdout == real.stdout == '{"a":[1,2]}\n'
+    assert "RuntimeWarning" not in forked.stderr  # not "found in sys.modules" for a preloaded one
+
+
+def test_atexit_handlers_and_threads_finish_before_the_exit(tmp_path: Path) -> None:
+    code = (
+        "import atexit, threading, time\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+        "ThreadPoolExecutor(1).submit(lambda: (time.sleep(0.6), print('pool done')))\n"
+    )
+    forked, real = both([PY, "-c", code])
+    assert forked.returncode == real.returncode == 0
+    assert sorted(forked.stdout.splitlines()) == sorted(real.stdout.splitlines())
+    assert "atexit ran" in forked.stdout and "pool done" in forked.stdout
+
+
+def test_signals_end_it_as_they_end_python() -> None:
+    sleeper = [PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        codes = []
+        for start in (processes.Popen, subprocess.Popen):
+            proc = start(sleeper, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert proc.stdout.readline() == "ready\n"
+            proc.send_signal(sig)
+            proc.communicate(timeout=60)
+            codes.append(proc.returncode)
+        assert codes[0] == codes[1] == -sig, (sig, codes)
+
+
+def test_poll_wait_timeout_and_a_new_session() -> None:
+    proc = processes.Popen(
+        [PY, "-c", "import os, time; print(os.getsid(0) == os.getpid(), flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.forked
+    assert proc.stdout.readline() == "True\n"  # its own session, so a killpg reaches only it
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(60) == -signal.SIGTERM
+    with pytest.raises(subprocess.TimeoutExpired):
+        processes.run([PY, "-c", "import time; time.sleep(60)"], timeout=0.5)
+
+
+def test_each_child_has_its_own_random_state() -> None:
+    code = "import random, numpy, torch; print(random.random(), numpy.random.rand(), torch.rand(1).item())"
+    first, second = (processes.run([PY, "-c", code], capture_output=True, text=True) for _ in range(2))
+    assert first.returncode == second.returncode == 0
+    assert first.stdout != second.stdout
+    assert all(a != b for a, b in zip(first.stdout.split(), second.stdout.split()))
+
+
+def test_what_the_fork_server_cannot_stand_in_for_starts_a_new_interpreter(tmp_path: Path) -> None:
+    import_time_setting = {**os.environ, "HF_HOME": str(tmp_path / "another-hf-home")}
+    not_python = ["sh", "-c", "exit 4"]
+    cases = [
+        ([PY, "-c", "pass"], {"fresh": True}),
+        ([PY, "-c", "pass"], {"env": import_time_setting}),
+        ([PY, "-X", "dev", "-c", "pass"], {}),
+        ([PY, "-c", "pass"], {"preexec_fn": lambda: None}),
+        (not_python, {}),
+    ]
+    for args, kwargs in cases:
+        proc = processes.Popen(args, **kwargs)
+        assert not proc.forked, (args, kwargs)
+        assert proc.wait(60) == (4 if args is not_python else 0)
+    # A variable read while the code runs (not at import) keeps the fork.
+    runtime_setting = {**os.environ, "TINKER_BASE_URL": "http://127.0.0.1:9"}
+    with processes.Popen([PY, "-c", "pass"], env=runtime_setting) as proc:
+        assert proc.forked and proc.wait(60) == 0
+
+
+def test_a_forked_child_starts_with_the_heavy_imports_done() -> None:
+    """Why the fork server exists: torch, transformers and peft are imported once, not per child
+    (5-7 s of CPU each). A new interpreter starts without them."""
+    code = "import sys; print(all(m in sys.modules for m in ('torch', 'transformers.modeling_utils', 'peft')))"
+    forked, real = both([PY, "-c", code])
+    assert (forked.stdout, real.stdout) == ("True\n", "False\n")
