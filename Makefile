@@ -27,13 +27,12 @@ run: $(STAMP)
 	$(VPY) -m tinker_local.apps.demo
 
 # The import-linter contracts in pyproject.toml (layers, no cycles) first: seconds, not minutes.
-# pytest on two xdist workers, a test file per worker at a time (module fixtures start once),
-# handed out in collection order, which tests/conftest.py starts with the slowest files;
+# pytest on two xdist workers, a test file per worker at a time (module fixtures start once);
 # docs/testing.md has the measurements and how to run a part of the suite.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(VPY) -m pytest -q -x -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VPY) -m pytest -q -x -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks

@@ -71,47 +71,14 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 from support.cli import CliRun, run_in_process
 from support.served import ServeProcess
 
-# The slowest files, slowest first (seconds of test time each, `--durations=0`, 2026-11-29).
-# `make test` hands whole files to its two workers in collection order (`--dist loadfile
-# --no-loadscope-reorder`); starting with the longest leaves short files to even out the end,
-# where otherwise one worker can run a long file alone. A stale list only changes the schedule.
-SLOWEST_FILES = (
-    "benchmarks/test_benchmark_scripts.py",  # 165
-    "apps/test_distributed.py",  # 110
-    "apps/test_models_pull.py",  # 69
-    "cookbook/test_rl_loop_recipe.py",  # 49
-    "engine/test_hybrid_families.py",  # 47
-    "server/test_model_families_sdk.py",  # 42
-    "engine/test_models.py",  # 39
-    "cookbook/test_text_recipes.py",  # 38
-    "apps/test_tracking.py",  # 36
-    "engine/test_tokenizer_publishing.py",  # 34
-    "cookbook/test_vlm_classifier_recipe.py",  # 33
-    "apps/test_quiet_client_output.py",  # 32
-    "apps/test_demo.py",  # 31
-    "apps/test_export_push.py",  # 31
-    "cookbook/test_math_rl_qwen3_5.py",  # 30
-    "server/test_inference_lm_eval.py",  # 30
-    "rl/test_gae_e2e.py",  # 29
-    "apps/test_tokenizer_before_client.py",  # 28
-    "apps/test_offline.py",  # 28
-    "apps/test_pipeline.py",  # 26
-)
 
-
-def _schedule_rank(item: pytest.Item) -> int:
-    path = item.path.relative_to(Path(__file__).parent).as_posix()
-    return SLOWEST_FILES.index(path) if path in SLOWEST_FILES else len(SLOWEST_FILES)
-
-
+# `integration` means what pyproject.toml says: the test uses the real built-in model. A test
+# that takes the converted model's folder is marked here, so the marker cannot drift from the
+# code; a test that reaches the model another way (a subprocess on a fresh home) marks itself.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `integration` means what pyproject.toml says: the test uses the real built-in model. A
-    # test that takes the converted model's folder is marked here, so the marker cannot drift
-    # from the code; a test that reaches the model another way marks itself.
     for item in items:
         if "builtin_model_folder" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
-    items.sort(key=_schedule_rank)  # stable: the other files keep their order
 
 
 @pytest.hookimpl(trylast=True)

@@ -117,11 +117,3 @@ def test_every_builtin_model_is_in_the_readme():
 def test_every_command_is_in_the_readme(command):
     readme = (ROOT / "README.md").read_text()
     assert f"tinker-local {command}" in readme, f"README.md never shows `tinker-local {command}`"
-
-
-def test_the_slowest_first_schedule_names_test_files_that_exist():
-    """tests/conftest.py's SLOWEST_FILES orders the run; a renamed file would drop out of it."""
-    from conftest import SLOWEST_FILES
-
-    missing = [name for name in SLOWEST_FILES if not (ROOT / "tests" / name).is_file()]
-    assert not missing, missing
