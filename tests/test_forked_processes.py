@@ -143,3 +143,21 @@ def test_a_forked_child_starts_with_the_heavy_imports_done() -> None:
     code = "import sys; print(all(m in sys.modules for m in ('torch', 'transformers.modeling_utils', 'peft')))"
     forked, real = both([PY, "-c", code])
     assert (forked.stdout, real.stdout) == ("True\n", "False\n")
+
+
+def test_a_child_whose_fork_server_died_has_no_made_up_exit_code(monkeypatch) -> None:
+    """If the fork server goes away first, nothing reports how the child ended: waiting says
+    so instead of returning a code a test could take for the child's."""
+    # A fork server of this test's own: this worker's may have children alive (`served`).
+    server = processes._ForkServer()
+    monkeypatch.setattr(processes, "_server", server)
+    proc = processes.Popen([PY, "-c", "import time; time.sleep(60)"])
+    assert proc.forked
+    server.process.kill()
+    server.process.wait(60)
+    with pytest.raises(ChildProcessError, match="exit status is unknown"):
+        proc.wait(60)
+    os.kill(proc.pid, signal.SIGKILL)  # the orphan, now init's child
+    # The next process gets a new fork server.
+    with processes.Popen([PY, "-c", "pass"]) as after:
+        assert after.forked and after.wait(60) == 0

@@ -210,13 +210,18 @@ class Popen(subprocess.Popen):
         """The raw wait status the fork server reports when the child ends, or None if it has
         not ended within `timeout` seconds."""
         assert self._status is not None
-        ready, _, _ = select.select([self._status], [], [], timeout)
-        if not ready:
-            return None
-        data = self._status.recv(4)
-        self._status.close()
-        if len(data) < 4:  # the fork server went away: nothing more will be known
-            return 0
+        data = b""
+        if self._status.fileno() != -1:  # closed once read
+            ready, _, _ = select.select([self._status], [], [], timeout)
+            if not ready:
+                return None
+            data = self._status.recv(4)
+            self._status.close()
+        if len(data) < 4:
+            # Not a status a test could mistake for the child's own exit code.
+            raise ChildProcessError(
+                f"the fork server exited before pid {self.pid} did: its exit status is unknown"
+            )
         return struct.unpack("!i", data)[0]
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:
@@ -231,7 +236,12 @@ class Popen(subprocess.Popen):
         if self.returncode is None and self._waitpid_lock.acquire(False):
             try:
                 if self.returncode is None:
-                    pid, status = self._try_wait(os.WNOHANG)
+                    try:
+                        pid, status = self._try_wait(os.WNOHANG)
+                    except ChildProcessError:
+                        if _deadstate is None:  # as subprocess: only its finaliser passes one
+                            raise
+                        pid, self.returncode = 0, _deadstate
                     if pid:
                         self._handle_exitstatus(status)
             finally:
