@@ -10,7 +10,11 @@ with the cache and without it, and the script reports per mode:
   own counters, `Sampler.counts`);
 - seconds spent in prefill (`scheduler.run_prefill`, timed around each call) and in the whole
   workload (decode included, the same work in both modes);
-- that both modes sampled the same tokens, and the largest logprob difference between them.
+- that both modes sampled the same tokens, and the largest logprob difference between them;
+- the cache's own bookkeeping: milliseconds per insert of a 64-token sequence as the cache
+  fills up to `--fill-blocks` blocks of this model's shape, and once it is full (each insert
+  then evicts). The KV tensors there are broadcast views: the budget counts their bytes, but
+  none are allocated.
 
     .venv/bin/python benchmarks/prefix_cache.py [--conversations 4] [--turns 4]
     .venv/bin/python benchmarks/prefix_cache.py --smoke   # the tiny model, 2 x 2, seconds
@@ -109,6 +113,43 @@ def run_workload(samplers: dict, args, vocab: int) -> dict:
     return out
 
 
+def insert_cost(model_config, fill_blocks: int, probes: int = 200) -> list[dict]:
+    """ms per insert of a fresh 64-token sequence (4 blocks) into a cache whose budget is
+    `fill_blocks` blocks, once it holds an eighth, half and all of them (then each evicts)."""
+    import torch
+
+    from tinker_local.engine.sampling.prefix_cache import BLOCK_TOKENS, PrefixCache
+
+    text = model_config.get_text_config()
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    zero = torch.zeros(1)
+
+    def kv(start: int, end: int) -> torch.Tensor:
+        return zero.expand(text.num_hidden_layers, 2, heads, end - start, head_dim)
+
+    block_bytes = kv(0, BLOCK_TOKENS).nbytes
+    cache = PrefixCache(fill_blocks * block_bytes)
+    namespace = cache.namespace(None)
+    tokens = iter(range(10**9))
+
+    def insert() -> None:
+        cache.insert(namespace, tuple(next(tokens) for _ in range(64)), kv)
+
+    rows = []
+    for level in (fill_blocks // 8, fill_blocks // 2, fill_blocks):
+        while len(cache._blocks) < level:
+            insert()
+        evicted = cache.stats.evicted_blocks
+        started = time.perf_counter()
+        for _ in range(probes):
+            insert()
+        rows.append({"cached_blocks": level,
+                     "ms_per_insert": (time.perf_counter() - started) * 1000 / probes,
+                     "evicting": cache.stats.evicted_blocks > evicted})
+    return rows
+
+
 def _difference(a: dict, b: dict) -> tuple[int, float]:
     """(sampled sequences that differ in a token, the largest logprob difference where the
     tokens agree, prompt logprobs included)."""
@@ -139,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--user-tokens", type=int, default=24)
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--cache-mib", type=float, default=config.DEFAULT_PREFIX_CACHE_MIB)
+    parser.add_argument("--fill-blocks", type=int, default=16384,
+                        help="blocks in the cache whose insert cost is measured")
     parser.add_argument("--out", type=Path, help=f"the JSON file (default: results/{RESULTS.name})")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny model, 2 conversations x 2 turns (a check that it runs)")
@@ -146,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.model, args.conversations, args.turns = config.TINY_TEST_MODEL, 2, 2
         args.system_tokens, args.user_tokens, args.answer_tokens = 40, 8, 6
+        args.fill_blocks = 2048
     args.out = args.out or RESULTS
     load_before = os.getloadavg()
     base = load_base(args.model, device="cpu", dtype="float32")
@@ -173,17 +217,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prefill {speedup:.2f}x faster with the cache; sampled sequences with a different "
           f"token: {flipped} of {len(runs['with_cache']['sampled'])}; max |logprob difference| "
           f"where the tokens agree {worst:.1e}")
+    inserts = insert_cost(base.model.config, args.fill_blocks)
+    print("\n| blocks cached | inserts evict | ms per insert of 64 tokens |")
+    print("|---:|---|---:|")
+    for row in inserts:
+        print(f"| {row['cached_blocks']} | {'yes' if row['evicting'] else 'no'} | "
+              f"{row['ms_per_insert']:.3f} |")
     meta = {
         "model": args.model, "dtype": "float32", "cpu": cpu_model(),
         "threads": torch.get_num_threads(), "load_average_before": load_before,
         "load_average_after": os.getloadavg(), "workload": {
             k: getattr(args, k) for k in ("conversations", "turns", "system_tokens",
-                                          "user_tokens", "answer_tokens", "cache_mib")},
+                                          "user_tokens", "answer_tokens", "cache_mib",
+                                          "fill_blocks")},
         "note": "shared 2-core CPU under load from other processes (see load averages); the "
                 "two modes ran call by call, alternating, in one process, on the same prompts",
     }
     summary = {"prefill_speedup": speedup, "sequences_with_a_different_token": flipped,
-               "max_logprob_difference": worst}
+               "max_logprob_difference": worst, "insert_cost": inserts}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
     print(f"wrote {args.out}")

@@ -87,6 +87,32 @@ def test_the_budget_evicts_least_recently_used_chains_from_their_ends():
     assert cache.bytes <= cache.budget_bytes
 
 
+def test_a_block_that_cannot_fit_evicts_nothing():
+    hidden_size = BLOCK_BYTES // (2 * BLOCK_TOKENS * 4)  # a block with hidden states: 1.5 blocks
+    cache = PrefixCache(BLOCK_BYTES * 5 // 2)
+    ns = cache.namespace(None)
+    kept = tuple(range(16))
+    cache.insert(ns, kept, _kv(16))
+    chain = tuple(range(500, 532))
+    hidden = torch.zeros(32, hidden_size)
+    # the chain's first block fits beside `kept`; its second would need `kept` and more
+    assert cache.insert(ns, chain, _kv(32), hidden=hidden) == 1
+    assert cache.stats.evicted_blocks == 0
+    assert cache.match(ns, kept + (1,), limit=16).length == 16
+    assert cache.bytes == cache.budget_bytes
+
+
+def test_filling_past_the_budget_evicts_one_block_per_block_added_oldest_first():
+    cache = PrefixCache(100 * BLOCK_BYTES)
+    ns = cache.namespace(None)
+    for start in range(0, 200 * 16, 16):
+        cache.insert(ns, tuple(range(start + 100_000, start + 100_016)), _kv(16))
+    assert len(cache._blocks) == 100 and cache.stats.evicted_blocks == 100
+    oldest_kept = tuple(range(100 * 16 + 100_000, 100 * 16 + 100_016))
+    assert cache.match(ns, oldest_kept + (1,), limit=16).length == 16
+    assert cache.match(ns, tuple(range(100_000, 100_016)) + (1,), limit=16).length == 0
+
+
 @pytest.mark.parametrize("budget", [0, -1, 0.5, True])
 def test_a_budget_must_be_a_positive_number_of_bytes(budget):
     with pytest.raises(ValueError, match="positive number of bytes"):

@@ -258,19 +258,28 @@ class PrefixCache:
 
     def _make_room(self, nbytes: int, protected: list[Block]) -> bool:
         """Evict least recently used blocks until `nbytes` more fit; never the `protected`
-        ones (the chain being inserted). False if it cannot."""
+        ones (the chain being inserted). False, evicting nothing, if they cannot make room.
+        Called for every block inserted, so it walks only as far as the blocks it evicts: a
+        copy of every entry per call made each insert slower the fuller the cache was (154 ms
+        for 64 tokens at 16k blocks against 0.04 ms now; benchmarks/prefix_cache.py)."""
+        excess = self.bytes + nbytes - self.budget_bytes
+        if excess <= 0:
+            return True
         if nbytes > self.budget_bytes:
             return False
         keep = {b.id for b in protected}
-        victims = iter(list(self._blocks.items()))
-        while self.bytes + nbytes > self.budget_bytes:
-            for key, block in victims:
-                if block.id not in keep:
-                    self._remove(key)
-                    self.stats.evicted_blocks += 1
+        victims = []
+        for key, block in self._blocks.items():  # least recently used first
+            if block.id not in keep:
+                victims.append(key)
+                excess -= block.nbytes
+                if excess <= 0:
                     break
-            else:
-                return False
+        if excess > 0:
+            return False
+        for key in victims:
+            self._remove(key)
+        self.stats.evicted_blocks += len(victims)
         return True
 
     def _remove(self, key: tuple) -> None:
