@@ -126,11 +126,9 @@ async def sweep_forever(svc: Service) -> None:
         try:
             expire_silent_sessions(svc)
             await asyncio.to_thread(checkpoint_flags.delete_expired, svc.settings.checkpoints_dir())
-        except RuntimeError as exc:
+        except Exception as exc:
             # An embedded server's loop outlives the interpreter's thread pools when the script
             # ends: nothing is left to sweep for, and a traceback would be the script's last line.
-            if "after shutdown" in str(exc):
+            if isinstance(exc, RuntimeError) and "after shutdown" in str(exc):
                 return
-            logger.exception("session sweep failed")
-        except Exception:
             logger.exception("session sweep failed")
