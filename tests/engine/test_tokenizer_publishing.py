@@ -167,3 +167,30 @@ def test_vision_models_publish_their_image_processor_too(
         assert ids == [config.vision_start_token_id, config.vision_end_token_id,
                        config.image_token_id]
     assert not any(builtin.is_built(name) for name in TINY_VISION_MODELS)
+
+
+def test_a_built_tokenizer_lists_its_added_tokens_in_its_config(
+    fresh_home: Path, tmp_path: Path
+) -> None:
+    """transformers 5 reads them from tokenizer_config.json, or else parses the whole
+    tokenizer.json once more to find them: the config must list exactly tokenizer.json's, so
+    that both ways load the same tokenizer."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    for name in (config.TINY_TEST_MODEL, "tinker-local/tiny-qwen3.5"):
+        folder = builtin.tokenizer_folder(name)
+        added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+        listed = json.loads((folder / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+        assert listed == {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+        without = shutil.copytree(folder, tmp_path / folder.name)
+        settings = json.loads((without / "tokenizer_config.json").read_text())
+        del settings["added_tokens_decoder"]
+        (without / "tokenizer_config.json").write_text(json.dumps(settings))
+        ours, theirs = AutoTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(without)
+        assert ours.added_tokens_decoder == theirs.added_tokens_decoder, name
+        assert ours.all_special_ids == theirs.all_special_ids, name
+        assert ours(TEXT).input_ids == theirs(TEXT).input_ids, name
+        assert ours.apply_chat_template(CHAT) == theirs.apply_chat_template(CHAT), name

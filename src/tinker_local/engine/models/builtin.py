@@ -234,11 +234,30 @@ def write_tokenizer(name: str, dest: Path) -> None:
         _copy_tokenizer(TINY_QWEN3_5, dest)
     else:
         _tidy_tokenizer(tokenizer, max_length).save_pretrained(dest)
+        _record_added_tokens(dest)
     model_config._name_or_path = name
     # as the built model saves it
     model_config.dtype = torch.float32
     model_config.architectures = [architecture_name(model_config.to_dict())]
     model_config.save_pretrained(dest)
+
+
+def _record_added_tokens(folder: Path) -> None:
+    """Write tokenizer.json's added tokens into tokenizer_config.json as `added_tokens_decoder`
+    (transformers 4 saved them there; 5 does not). Without them, every load parses the whole
+    tokenizer.json in Python once more just to read those tokens: SmolLM2's tokenizer loads in
+    0.08 s with them and 0.28 s without, the tiny Qwen3.5's in 1.0-1.25 s against 1.5."""
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return
+    added = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("added_tokens", [])
+    config_file = folder / "tokenizer_config.json"
+    settings = json.loads(config_file.read_text(encoding="utf-8"))
+    settings["added_tokens_decoder"] = {
+        str(token["id"]): {key: value for key, value in token.items() if key != "id"}
+        for token in added
+    }
+    config_file.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _copy_tokenizer(name: str, dest: Path) -> None:
