@@ -63,6 +63,8 @@ def run(pytest_args: list[str], durations: int) -> dict:
         "wall_s": round(wall, 1),
         "cpu_user_s": round(after.ru_utime - before.ru_utime, 1),
         "cpu_system_s": round(after.ru_stime - before.ru_stime, 1),
+        # The largest resident set of any process in the tree (Linux: KiB).
+        "max_rss_mib": round(after.ru_maxrss / 1024),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "cpu": cpu_name(),
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         ("result", f"{result['summary']} (exit {result['returncode']})"),
         ("wall", f"{result['wall_s'] / 60:.1f} min"),
         ("CPU (user + system, whole tree)", f"{cpu:.0f} s = {cpu / 60:.1f} min"),
+        ("largest process (max RSS)", f"{result['max_rss_mib']:,} MiB"),
         ("load averages before / after", f"{result['load_before']} / {result['load_after']}"),
         ("machine", f"{result['cpu']}, {result['cores']} cores"),
     ):

@@ -13,6 +13,7 @@ own flags, see tests/support/served.py), and `cli`, `tinker-local ARGS...` run i
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -79,6 +80,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "builtin_model_folder" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the imports and the collection made (over a million objects: torch, transformers,
+    every test module) lives for the whole run: freeze it, so that each full garbage collection
+    walks only what the tests make since. Without this, full collections took ~7 % of an
+    in-process run (tests/server: 39 of them, 17.6 s of 256 s)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(700, 10, 100)
 
 
 @pytest.hookimpl(trylast=True)
