@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,6 +67,13 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# A shell without job control starts a background job (`make test &` in a script) with SIGINT
+# ignored, and every process below inherits that: Python then installs no KeyboardInterrupt
+# handler, and the tests of what Ctrl-C does (a server's quiet stop, a child's death by SIGINT)
+# wait for nothing. The suite runs as a terminal's foreground job would: Python's own handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Only now: the environment above must be set before anything imports the SDK, huggingface_hub
 # or transformers (they read HF_HOME and the offline switch at import).
