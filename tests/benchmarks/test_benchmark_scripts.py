@@ -35,6 +35,7 @@ OUTPUT = {
     "scaling_memory": ("--out", "file", []),
     "sft_pipeline_demo": ("--log-dir", "dir", []),
     "sft_throughput": ("--out", "dir", []),
+    "startup": ("--out", "file", []),
     "suite_time": ("--out", "file", []),
     "train_memory": ("--out", "dir", []),
     "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there

@@ -55,12 +55,18 @@ PRELOAD = (
 
 
 def preload() -> None:
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:
-            # An optional extra that is not installed: the children import what they need.
-            pass
+    # With the collector paused, as the product's engine processes import (apps/startup.py);
+    # main() collects and freezes afterwards.
+    gc.disable()
+    try:
+        for name in PRELOAD:
+            try:
+                __import__(name)
+            except ImportError:
+                # An optional extra that is not installed: the children import what they need.
+                pass
+    finally:
+        gc.enable()
 
 
 def _reply(conn: socket.socket, message: dict) -> None:

@@ -21,6 +21,7 @@ import sys
 import threading
 
 from tinker_local.apps.serve import _setup_logging, serve_parser, serve_with
+from tinker_local.apps.startup import import_engine_stack
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--allow-download serves one process only: run `tinker-local models pull "
                      "NAME` on every machine first, then start the group")
     _setup_logging(args.log_level)
+    import_engine_stack(freeze=True)
     from tinker_local.engine.distributed.group import GroupSettings, init_group, leave_group
 
     try:

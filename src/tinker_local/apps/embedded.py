@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tinker_local import config
 from tinker_local.apps.offline import go_offline_if_hub_unreachable
+from tinker_local.apps.startup import import_engine_stack
 
 if TYPE_CHECKING:
     import tinker
@@ -42,6 +43,8 @@ def embedded_server(*, device: str | None = None, dtype: str | None = None,
     `prefix_cache_mib`: the prefix cache budget (default: `serve`'s, 1024); `prefix_cache=False`
     turns the cache off."""
     global _server
+    if _server is None:
+        import_engine_stack(freeze=False)  # a user's process: its objects are not ours to freeze
     from tinker_local.engine.factory import engine_factory
     from tinker_local.server.http.start import LocalServer
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
+from tinker_local.apps.startup import import_engine_stack
 
 # The server modules (uvicorn, fastapi, the tinker SDK) are imported after the arguments are
 # parsed, so `--help` and usage errors answer at once.
@@ -262,6 +263,7 @@ def serve_main(argv: list[str]) -> int:
             parser.error(str(exc))
     if args.shard_base:
         parser.error("--shard-base splits the base over ranks: add --nproc-per-node N (N >= 2)")
+    import_engine_stack(freeze=True)
     from tinker_local.engine.factory import engine_factory
 
     factory = engine_factory(
@@ -425,6 +427,7 @@ def run_main(argv: list[str]) -> int:
 
 
 def _start_local(args: argparse.Namespace) -> tuple[str, Any]:
+    import_engine_stack(freeze=True)
     from tinker_local.engine.factory import engine_factory
     from tinker_local.server.http.start import LocalServer
 

@@ -1,0 +1,88 @@
+"""How long a process that runs an engine takes to import its libraries, with the garbage
+collector running throughout (plain imports) and paused for them (`apps/startup.py`, what
+`tinker-local serve`, `run` and every rank do).
+
+Each repeat is a new interpreter, the two ways alternating. Printed per way, median over the
+repeats: the wall and CPU seconds of the imports, the collections the collector made during
+them, and how long one full collection takes afterwards (what every later full collection of
+a long-running server pays; `freeze` takes the imported modules' objects out of it).
+
+    .venv/bin/python benchmarks/startup.py [--repeats 5] [--out results/startup.json]
+    .venv/bin/python benchmarks/startup.py --smoke   # two repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from machine import cpu_name
+
+RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
+
+# Run in a new interpreter; prints one JSON line.
+_CHILD = """
+import gc, json, sys, time
+from tinker_local.apps.startup import import_engine_stack
+
+way = sys.argv[1]
+wall, cpu = time.perf_counter(), time.process_time()
+if way == "plain":
+    import peft, torch, transformers.modeling_utils
+    import tinker_local.engine.factory, tinker_local.server.http.start
+else:
+    import_engine_stack(freeze=way == "paused+freeze")
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+during = sum(s["collections"] for s in gc.get_stats())
+started = time.perf_counter()
+gc.collect()
+print(json.dumps({"way": way, "wall_s": wall, "cpu_s": cpu, "collections": during,
+                  "full_collection_s": time.perf_counter() - started,
+                  "tracked_objects": len(gc.get_objects())}))
+"""
+WAYS = ("plain", "paused", "paused+freeze")
+
+
+def measure(way: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _CHILD, way], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help=f"the JSON file (default: {RESULTS})")
+    parser.add_argument("--smoke", action="store_true", help="two repeats")
+    args = parser.parse_args(argv)
+    repeats = 2 if args.smoke else args.repeats
+    load_before = os.getloadavg()
+    runs = [measure(way) for _ in range(repeats) for way in WAYS]
+    summary = {}
+    for way in WAYS:
+        mine = [r for r in runs if r["way"] == way]
+        summary[way] = {key: statistics.median(r[key] for r in mine)
+                        for key in ("wall_s", "cpu_s", "collections", "full_collection_s",
+                                    "tracked_objects")}  # fmt: skip
+    print(f"{cpu_name()}, {os.cpu_count()} cores, load {load_before[0]:.1f}; median of {repeats}")
+    print(f"{'imports':<15}{'wall s':>8}{'CPU s':>8}{'collections':>13}"
+          f"{'a full collection after':>25}{'objects it walks':>18}")
+    for way, row in summary.items():
+        print(f"{way:<15}{row['wall_s']:>8.2f}{row['cpu_s']:>8.2f}{row['collections']:>13.0f}"
+              f"{row['full_collection_s'] * 1000:>22.0f} ms{row['tracked_objects']:>18,.0f}")
+    out = args.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cpu": cpu_name(), "cpu_count": os.cpu_count(),
+                               "load_before": load_before, "repeats": repeats,
+                               "summary": summary, "runs": runs}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
