@@ -8,7 +8,7 @@ them, and how long one full collection takes afterwards (what every later full c
 a long-running server pays; `freeze` takes the imported modules' objects out of it).
 
     .venv/bin/python benchmarks/startup.py [--repeats 5] [--out results/startup.json]
-    .venv/bin/python benchmarks/startup.py --smoke   # two repeats
+    .venv/bin/python benchmarks/startup.py --smoke   # one repeat
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help=f"the JSON file (default: {RESULTS})")
-    parser.add_argument("--smoke", action="store_true", help="two repeats")
+    parser.add_argument("--smoke", action="store_true", help="one repeat")
     args = parser.parse_args(argv)
-    repeats = 2 if args.smoke else args.repeats
+    repeats = 1 if args.smoke else args.repeats
     load_before = os.getloadavg()
     runs = [measure(way) for _ in range(repeats) for way in WAYS]
     summary = {}

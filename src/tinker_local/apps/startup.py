@@ -22,6 +22,11 @@ def import_engine_stack(*, freeze: bool) -> None:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        # First: importing it installs the filters that drop what torchao, bitsandbytes and torch
+        # print when they are imported on a CPU machine.
+        import tinker_local.engine.models.quantization
+
+        # isort: split
         import peft  # noqa: F401
         import torch  # noqa: F401
         import transformers.modeling_utils  # noqa: F401
