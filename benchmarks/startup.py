@@ -2,7 +2,7 @@
 collector running throughout (plain imports) and paused for them (`apps/startup.py`, what
 `tinker-local serve`, `run` and every rank do).
 
-Each repeat is a new interpreter, the two ways alternating. Printed per way, median over the
+Each repeat is a new interpreter, the three ways alternating. Printed per way, median over the
 repeats: the wall and CPU seconds of the imports, the collections the collector made during
 them, and how long one full collection takes afterwards (what every later full collection of
 a long-running server pays; `freeze` takes the imported modules' objects out of it).
