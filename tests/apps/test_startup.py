@@ -42,4 +42,3 @@ def test_imports_run_with_the_collector_paused_and_leave_it_as_it_was() -> None:
     assert first["enabled"] and first["frozen"] == 0  # a user's process: nothing frozen
     # A process of ours: the modules' objects frozen; the collector stays off as it was.
     assert not second["enabled"] and second["frozen"] > 100_000, second
-
