@@ -33,7 +33,7 @@ from machine import cpu_name
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 _DURATION = re.compile(r"^\s*([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$")
-_SUMMARY = re.compile(r"=+ (.*(passed|failed|error).*) in [\d.]+s")
+_SUMMARY = re.compile(r"^=*\s*(\d.*\b(passed|failed|errors?)\b.*) in [\d.]+s")  # -q or not
 
 
 

@@ -61,6 +61,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["TINKER_TELEMETRY"] = "0"
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+# The SDK keeps a pool of HTTP clients per ServiceClient (~1,500 in a run), and httpx builds each
+# one's TLS context from certifi's bundle: ~17 ms apiece, ~40 s of CPU a run (py-spy). The suite
+# speaks plain HTTP to local servers only, so it trusts an empty certificate folder: contexts cost
+# 0.1 ms, and a TLS connection, which no test makes, would fail verification instead of passing.
+_no_certificates = _base_path / "no-certificates"
+_no_certificates.mkdir(exist_ok=True)
+os.environ.pop("SSL_CERT_FILE", None)
+os.environ["SSL_CERT_DIR"] = str(_no_certificates)
 # With several xdist workers on a small machine, each worker (and the servers and commands it
 # starts, which inherit this) computes on one thread: N workers x the default thread count
 # would oversubscribe the cores. Set before anything here imports torch.

@@ -1,10 +1,11 @@
 """`tinker-local serve --nproc-per-node 2` (gloo on the CPU, world size 2), driven by the SDK.
 
 The same script runs against one process (an in-process server) and against two ranks, data
-parallel and with `--shard-base` (FSDP2); losses, logprobs, adapter weights and seeded samples
-must agree. Checkpoints cross between world sizes; two clients' models stay apart; a rank killed
-with SIGKILL fails the work in flight with an error naming it, while rank 0 keeps answering;
-a restarted group resumes from the store.
+parallel and with `--shard-base` (FSDP2), on text, on a hybrid model and on a batch with images
+(tests/apps/vision_batches.py); losses, logprobs, adapter weights and seeded samples must agree.
+Checkpoints cross between world sizes; two clients' models stay apart; a rank killed with
+SIGKILL fails the work in flight with an error naming it, while rank 0 keeps answering; a
+restarted group resumes from the store.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tinker
 from safetensors.torch import load_file
 from support import processes
 from tinker import types
+from vision_batches import vision_script
 
 from tinker_local import config
 
@@ -239,7 +241,7 @@ def reference(one_process: str) -> dict[str, Any]:
 
 
 class TestOneGroupWithJointTraining:
-    """Two tests on one group (a group start is three processes). The group holds the test
+    """Three tests on one group (a group start is three processes). The group holds the test
     home, where the one-process reference keeps its checkpoints too, so it is this class's and
     is stopped when the class ends: the tests after it start groups of their own there."""
 
@@ -286,6 +288,22 @@ class TestOneGroupWithJointTraining:
         # 3e-5 in the output layer's LoRA and 1.7e-4 in the linear-attention layers' in_proj_a
         # LoRA (4 outputs, where the gradients are smallest).
         _assert_same(_script(url, builtin.TINY_QWEN3_5), want, weights_atol=1e-3)
+
+    def test_two_ranks_match_one_process_on_a_vision_batch(self, joint_group, one_process
+                                                            ) -> None:
+        """Images in training datums and in prompts (tiny Qwen3-VL): the ranks give one
+        process's losses, logprobs, adapter weights and seeded samples."""
+        want, got = vision_script(one_process), vision_script(joint_group)
+        assert want["losses"][1] < want["losses"][0]
+        np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-6, atol=1e-5)
+        for a, b in zip(got["after"], want["after"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        got_weights, want_weights = _adapter_weights(got["path"]), _adapter_weights(want["path"])
+        assert got_weights.keys() == want_weights.keys()
+        for name, tensor in want_weights.items():
+            np.testing.assert_allclose(got_weights[name].numpy(), tensor.numpy(), atol=1e-5,
+                                       err_msg=name)
+        assert got["tokens"] == want["tokens"]
 
 
 def _two_clients_stay_apart(url: str) -> None:
