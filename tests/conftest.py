@@ -86,6 +86,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Only now: the environment above must be set before anything imports the SDK, huggingface_hub
 # or transformers (they read HF_HOME and the offline switch at import).
 from support.cli import CliRun, run_in_process
+from support.processes import read_at_import
 from support.served import ServeProcess
 
 
@@ -113,6 +114,19 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
         gc.freeze()
         gc.set_threshold(700, 10, 100)
         gc.enable()
+
+
+@pytest.fixture(autouse=True)
+def _no_variable_read_at_import_left_behind() -> Iterator[None]:
+    """A test may not leave a variable that libraries read at import (HF_*, OMP_*...) changed in
+    this process: every later child would differ from the fork server's and start a new
+    interpreter instead (5-7 s each, tests/support/processes.py). A library that sets one when
+    imported (lm_eval sets HF_XET_HIGH_PERFORMANCE) is imported with the environment put back."""
+    before = {k: v for k, v in os.environ.items() if read_at_import(k)}
+    yield
+    after = {k: v for k, v in os.environ.items() if read_at_import(k)}
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the test left {changed} changed in the environment"
 
 
 @pytest.hookimpl(trylast=True)

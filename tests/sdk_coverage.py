@@ -12,8 +12,8 @@ subprocesses (cookbook recipes, CLI commands) are not seen, so they never count.
 collected every test file with no -k/-m/--deselect filter (a partial run cannot prove
 anything about the whole suite; that test then falls back to a static check).
 
-Under pytest-xdist (`make test` runs `-n 2`) each worker records only the tests it ran, and the
-coverage test runs on one worker while the other may still be running. So each worker hands
+Under pytest-xdist (`make test` runs `-n 3`) each worker records only the tests it ran, and the
+coverage test runs on one worker while the others may still be running. So each worker hands
 its record to the controller (xdist's `workeroutput`, at the worker's session end), the
 controller merges them (`pytest_testnodedown`), and the controller makes the same check on the
 merged record at its own session end: a method that no worker called fails the run there,

@@ -102,7 +102,7 @@ class _Session:
 
 
 def test_the_xdist_controller_merges_its_workers_records_and_fails_on_a_gap(monkeypatch) -> None:
-    """What `make test` (two xdist workers) relies on: the controller fails the run when no
+    """What `make test` (three xdist workers) relies on: the controller fails the run when no
     worker called a method that docs/sdk_coverage.md does not list, and passes when the
     workers' records together cover every method."""
     methods = sdk_coverage.public_methods()

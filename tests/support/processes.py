@@ -34,13 +34,13 @@ from typing import Any
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
 
-# Variables read at import time by torch, transformers, huggingface_hub, tokenizers or Python
-# itself: a child whose value differs needs a new interpreter. The rest (TINKER_*, W&B,
-# PYTEST_CURRENT_TEST...) are read when the code runs.
+# Variables read at import time by torch, transformers, huggingface_hub, tokenizers, scipy,
+# matplotlib or Python itself: a child whose value differs needs a new interpreter. The rest
+# (TINKER_*, W&B, PYTEST_CURRENT_TEST...) are read when the code runs.
 _READ_AT_IMPORT = (
     "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "SAFETENSORS", "TORCH", "PYTORCH",
     "OMP_", "MKL_", "OPENBLAS", "KMP_", "GOMP", "CUDA", "PYTHON", "LD_", "LC_", "LANG",
-    "HOME", "XDG_", "TMPDIR", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON",
+    "HOME", "XDG_", "TMPDIR", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON", "SCIPY", "MPL",
 )
 # Exceptions: PYTHONUNBUFFERED (the fork server applies it to the child's stdio); what libraries
 # in the test process set for themselves and children inherit: torch's compile cache folder
@@ -61,7 +61,9 @@ _FORK_SERVER_DEFAULTS = {
 }
 
 
-def _read_at_import(name: str) -> bool:
+def read_at_import(name: str) -> bool:
+    """Whether a child whose value of environment variable `name` differs from the fork
+    server's needs a new interpreter."""
     return (
         name.startswith(_READ_AT_IMPORT)
         and name not in _NOT_READ_AT_IMPORT
@@ -126,7 +128,7 @@ class _ForkServer:
         if self.process.poll() is not None:
             return False
         names = set(env) | set(self.env)
-        return not any(_read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
+        return not any(read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
 
     def fork(self, request: dict, fds: list[int]) -> int:
         with self.lock:
