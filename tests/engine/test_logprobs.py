@@ -86,24 +86,50 @@ def test_gradients_match_full_logits_through_chunk_checkpoints(pool):
 
 
 def test_no_saved_tensor_spans_all_positions_times_vocab(pool):
-    """With grad, nothing of size [positions x vocab] is kept for backward."""
+    """With grad, nothing of size [positions x vocab] is kept for backward: one chunk's logits
+    at most (the last chunk's, whose backward runs first)."""
     parts = split_causal_lm(pool.model)
     n = 40
     hidden = torch.randn(n, pool.model.config.hidden_size, requires_grad=True)
     targets = torch.randint(0, parts.vocab, (n, 1))
     largest = 0
+    weights = {p.untyped_storage().data_ptr() for p in pool.model.parameters()}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         nonlocal largest
-        largest = max(largest, tensor.numel())
+        if tensor.untyped_storage().data_ptr() not in weights:  # the output layer's weight is
+            largest = max(largest, tensor.numel())  # kept for backward, but is no activation
         return tensor
 
     with pool.active("a", trainable=True):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = chunked_logprobs(parts, hidden, targets, chunk_elements=parts.vocab * 8)
-        assert largest < 8 * parts.vocab  # checkpointed chunks keep only inputs/outputs
+        assert largest <= 8 * parts.vocab  # 5 chunks of 8 positions: one chunk's logits
         # Backward recomputes one chunk at a time (with the same adapter active).
         out.sum().backward()
+    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
+
+
+@pytest.mark.parametrize(("positions", "computed"), [(8, 1), (20, 3 + 2)])
+def test_only_chunks_before_the_last_are_recomputed_in_backward(pool, positions, computed):
+    """The output layer runs once per chunk in forward, and again in backward for every chunk
+    but the last: a call that fits in one chunk computes its logits once."""
+    parts = split_causal_lm(pool.model)
+    hidden = torch.randn(positions, pool.model.config.hidden_size, requires_grad=True)
+    targets = torch.randint(0, parts.vocab, (positions, 1))
+    calls = 0
+
+    def count(*_: object) -> None:
+        nonlocal calls
+        calls += 1
+
+    handle = parts.head.register_forward_hook(count)
+    try:
+        with pool.active("a", trainable=True):
+            chunked_logprobs(parts, hidden, targets, chunk_elements=parts.vocab * 8).sum().backward()
+    finally:
+        handle.remove()
+    assert calls == computed
     assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
 
 

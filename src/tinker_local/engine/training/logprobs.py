@@ -139,7 +139,12 @@ def chunked_logprobs(
 ) -> torch.Tensor:
     """log p(targets) for [n, H] hidden states and [n, K] targets, chunk by chunk of positions.
     With `entropy`, the result has K + 1 columns, the last the entropy per position. `scope()`
-    is entered around each chunk's computation (and its recompute in backward)."""
+    is entered around each chunk's computation (and its recompute in backward).
+
+    Under grad, every chunk but the last recomputes its logits in backward instead of keeping
+    them alive. The last keeps them: autograd runs its backward first (it was made last), so
+    they are freed before any other chunk is recomputed, and at most one chunk's logits exist
+    at a time either way. A call that fits in one chunk computes its logits once, not twice."""
     chunk = max(1, chunk_elements // parts.vocab)
     needs_graph = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in parts.head.parameters())
@@ -150,10 +155,10 @@ def chunked_logprobs(
     if scope is not None:
         compute = functools.partial(_within, scope, compute)
     pieces = []
-    for start in range(0, hidden.shape[0], chunk):
+    positions = hidden.shape[0]
+    for start in range(0, positions, chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        if needs_graph:
-            # Recompute this chunk's logits in backward instead of keeping them alive.
+        if needs_graph and start + chunk < positions:
             pieces.append(checkpoint(compute, h, t, use_reentrant=False))
         else:
             pieces.append(compute(h, t))
