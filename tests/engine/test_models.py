@@ -168,6 +168,36 @@ def test_a_gguf_file_is_parsed_once_inside_the_block_and_gguf_is_restored_after(
     assert gguf.GGUFReader(source) is not first
 
 
+def test_bases_loaded_in_several_threads_at_once_come_out_whole(tiny_model_folder):
+    """transformers patches process-wide functions while it builds a model; loads in several
+    threads at once used to interleave those patches (engine/models/construction.py): a tensor
+    left on the meta device in every model, and torch.nn.init left a no-op for the process."""
+    from transformers import PreTrainedModel
+
+    init_weights, normal = PreTrainedModel.init_weights, torch.nn.init.normal_
+    loaded, errors = [], []
+
+    def load() -> None:
+        try:
+            loaded.append(registry.load_base(config.TINY_TEST_MODEL, device="cpu"))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=load) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(loaded) == 6
+    assert PreTrainedModel.init_weights is init_weights and torch.nn.init.normal_ is normal
+    reference = loaded[0].model.state_dict()
+    for base in loaded:
+        tensors = [*base.model.parameters(), *base.model.buffers()]
+        assert not any(t.is_meta for t in tensors)
+        for name, tensor in base.model.state_dict().items():
+            assert torch.equal(tensor, reference[name]), name
+
+
 def test_folder_without_marker_is_rebuilt(tmp_path):
     final = tmp_path / "tinker-local--tiny-llama"
     final.mkdir()

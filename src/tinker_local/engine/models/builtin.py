@@ -45,6 +45,7 @@ import torch
 from tinker_local import config
 from tinker_local.engine.models import tiny_vision
 from tinker_local.engine.models.architectures import architecture_name, auto_model_class
+from tinker_local.engine.models.construction import MODEL_CONSTRUCTION
 from tinker_local.engine.models.qwen3_5_tokenizer import load_qwen3_5_tokenizer
 from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS
 
@@ -358,7 +359,7 @@ def convert_smollm2_gguf(dest: Path) -> None:
     source = gguf_path()
     started = time.perf_counter()
     _copy_tokenizer(config.DEFAULT_BASE_MODEL, dest)  # first: it checks the chat template
-    with no_progress_bars(), gguf_parsed_once():
+    with no_progress_bars(), gguf_parsed_once(), MODEL_CONSTRUCTION:
         model = AutoModelForCausalLM.from_pretrained(
             str(source.parent),
             gguf_file=source.name,
@@ -376,7 +377,7 @@ def build_tiny_llama(dest: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model_config = LlamaConfig(**TINY_LLAMA_CONFIG)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), MODEL_CONSTRUCTION:
         torch.manual_seed(TINY_SEED)
         model = LlamaForCausalLM(model_config)
     model.generation_config.bos_token_id = TINY_LLAMA_CONFIG["bos_token_id"]
@@ -395,7 +396,7 @@ def build_tiny_family(name: str, dest: Path) -> None:
     _copy_tokenizer(name, dest)  # first: a missing tokenizer package fails before any work
     model_config = AutoConfig.for_model(model_type, **settings)
     model_class = auto_model_class(model_config.to_dict())
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), MODEL_CONSTRUCTION:
         torch.manual_seed(TINY_SEED)
         model = model_class.from_config(model_config, dtype=torch.float32)
     ids = settings.get("text_config", settings)

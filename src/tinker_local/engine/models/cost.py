@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tinker_local.engine.models.construction import MODEL_CONSTRUCTION
 from tinker_local.engine.models.quantization import BYTES_PER_WEIGHT
 from tinker_local.engine.models.vision import VISION_TOWER_NAMES
 
@@ -102,7 +103,7 @@ def _config_linear_parameters(config: dict[str, Any]) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     settings = {k: v for k, v in config.items() if k != "model_type"}
-    with torch.device("meta"):
+    with torch.device("meta"), MODEL_CONSTRUCTION:
         model = AutoModelForCausalLM.from_config(
             AutoConfig.for_model(config.get("model_type"), **settings))
     head = model.get_output_embeddings()
@@ -185,7 +186,7 @@ def config_parameter_counts(config: dict[str, Any]) -> tuple[int, int]:
     settings = {k: v for k, v in config.items() if k != "model_type"}
     built = AutoConfig.for_model(model_type, **settings)
     auto = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
-    with torch.device("meta"):
+    with torch.device("meta"), MODEL_CONSTRUCTION:
         model = auto.from_config(built)
     seen: set[int] = set()
     total = vision = 0

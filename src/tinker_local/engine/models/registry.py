@@ -25,6 +25,7 @@ import torch
 from tinker_local.engine.cpu_features import Bf16Units, bf16_kernels_available, bf16_units
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models import quantization as quant
+from tinker_local.engine.models.construction import MODEL_CONSTRUCTION
 from tinker_local.engine.models.cost import human_bytes, model_cost
 from tinker_local.engine.models.tiny_vision import IMAGE_PROCESSOR_FILE
 
@@ -467,13 +468,13 @@ def _load_causal_lm(folder: Path, dtype: torch.dtype, **extra: Any):
     auto = AutoModelForImageTextToText if is_vision_config(_read_config(folder)) \
         else AutoModelForCausalLM
     try:
-        with builtin.no_progress_bars():
+        with builtin.no_progress_bars(), MODEL_CONSTRUCTION:
             return auto.from_pretrained(
                 folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True, **extra
             )
     except (ValueError, ImportError) as error:  # architectures without an SDPA path
         logger.info("sdpa attention unavailable for %s (%s); using eager", folder, error)
-        with builtin.no_progress_bars():
+        with builtin.no_progress_bars(), MODEL_CONSTRUCTION:
             return auto.from_pretrained(
                 folder, dtype=dtype, attn_implementation="eager", local_files_only=True, **extra
             )

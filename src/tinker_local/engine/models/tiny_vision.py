@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from tinker_local.engine.models.construction import MODEL_CONSTRUCTION
+
 TINY_QWEN3_VL = "tinker-local/tiny-qwen3-vl"
 TINY_QWEN3_VL_MOE = "tinker-local/tiny-qwen3-vl-moe"
 
@@ -89,7 +91,7 @@ def build_model(name: str, dest: Path, seed: int) -> None:
     from transformers import AutoModelForImageTextToText
 
     config = model_config(name)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), MODEL_CONSTRUCTION:
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     # Qwen3 ends a turn with <|im_end|>, a text with <|endoftext|>.
