@@ -1,7 +1,7 @@
 """A vision-language batch for tests/apps/test_distributed.py: an SDK script that trains on and
 samples prompts with and without images (tiny Qwen3-VL), returning what two ranks must reproduce
-of one process: losses, logprobs after training, seeded samples, and the saved state's path
-(whose adapter weights must agree too)."""
+of one process: losses, logprobs during and after training, seeded samples, and the saved
+state's path (whose adapter weights must agree too)."""
 
 from __future__ import annotations
 
@@ -61,10 +61,11 @@ def vision_script(url: str) -> dict[str, Any]:
     with tinker.ServiceClient(base_url=url, api_key=KEY) as service:
         trainer = service.create_lora_training_client(
             base_model=TINY_QWEN3_VL, rank=4, seed=3).result()
-        losses = []
+        losses, logprobs = [], []
         for _ in range(2):
             out = trainer.forward_backward(data, "cross_entropy").result()
             losses.append(out.metrics["loss:sum"])
+            logprobs.append([o["logprobs"].to_numpy() for o in out.loss_fn_outputs])
             trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         after = [o["logprobs"].to_numpy()
                  for o in trainer.forward(data, "cross_entropy").result().loss_fn_outputs]
@@ -73,5 +74,6 @@ def vision_script(url: str) -> dict[str, Any]:
         params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
         futures = [sampler.sample(m, 2, params) for m in inputs]
         tokens = [[s.tokens for s in f.result().sequences] for f in futures]
-    return {"losses": losses, "after": after, "tokens": tokens, "path": path}
+    return {"losses": losses, "logprobs": logprobs, "after": after, "tokens": tokens,
+            "path": path}
 
