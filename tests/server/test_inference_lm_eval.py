@@ -115,12 +115,8 @@ def _lm_eval(model: str, model_args: dict[str, object], tasks: Path, task_names:
 def _local_completions_api() -> type:
     """lm_eval's class, imported with this process's environment put back: importing lm_eval
     sets HF_XET_HIGH_PERFORMANCE, which huggingface_hub reads at import (tests/conftest.py)."""
-    saved = dict(os.environ)
-    try:
+    with processes.environment_restored():
         from lm_eval.models.openai_completions import LocalCompletionsAPI
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     return LocalCompletionsAPI
 
 

@@ -13,11 +13,12 @@ terminal) start it as a subprocess instead.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
 import pytest
+
+from support.processes import environment_restored
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,8 @@ def run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> CliRu
     from tinker_local.apps.cli import main
 
     capsys.readouterr()  # what the test printed before is not this run's output
-    saved_env = dict(os.environ)
-    try:
+    with environment_restored():
         code = _exit_code(main, argv)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
     out = capsys.readouterr()
     return CliRun(code, out.out, out.err)
 

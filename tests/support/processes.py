@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,19 @@ def read_at_import(name: str) -> bool:
         and name not in _NOT_READ_AT_IMPORT
         and not name.startswith(_READ_BY_LIBRARIES_NOT_PRELOADED)
     )
+
+
+@contextmanager
+def environment_restored() -> Iterator[None]:
+    """This process's environment as it was before the block, whatever the block set (a CLI run
+    in process, a library that sets variables when imported): later children are then forked as
+    before instead of starting new interpreters."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _target(args: Any) -> dict | None:
