@@ -14,5 +14,6 @@ from __future__ import annotations
 
 import threading
 
-# Reentrant: a construction may estimate a cost or build a model inside another's lock.
+# Reentrant, so that a construction that ever reaches another of ours (none does today) cannot
+# deadlock on itself.
 MODEL_CONSTRUCTION = threading.RLock()
