@@ -29,6 +29,7 @@ import os
 import pickle
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,14 +209,18 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
         command = [sys.executable, str(HERE), *flags]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                   str(ranks), "--standalone", str(HERE), *flags]
+                   str(ranks), "--standalone", "--log-dir", str(out / "elastic"), str(HERE),
+                   *flags]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
-    result = json.loads((out / "rank0.json").read_text())
-    result["memory_per_rank"] = [
-        json.loads((out / f"rank{r}.json").read_text())["memory"] for r in range(ranks)]
+    try:
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+        result = json.loads((out / "rank0.json").read_text())
+        result["memory_per_rank"] = [
+            json.loads((out / f"rank{r}.json").read_text())["memory"] for r in range(ranks)]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     del result["memory"]
     result["wall_s"] = time.perf_counter() - started
     return result

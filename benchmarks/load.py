@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace) -> dict:
             server.wait(30)
         except subprocess.TimeoutExpired:
             server.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
 
     ops = {}
     all_latencies: list[float] = []

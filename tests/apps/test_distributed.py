@@ -378,11 +378,18 @@ def test_run_starts_a_group_for_an_unmodified_script(tmp_path) -> None:
     script = tmp_path / "tiny_script.py"
     script.write_text(f"import transformers\ntransformers.AutoTokenizer.from_pretrained({TINY!r})\n"
                       f"print('TOKENIZER-OK', flush=True)\n{TINY_SCRIPT}")
+    temporary = tmp_path / "tmp"  # what the launcher and the elastic agent put in the TMPDIR
+    temporary.mkdir()
     done = processes.run(
         [*CLI, "run", "--nproc-per-node", "2", "--", sys.executable, str(script)],
         check=False, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"),
+             "TMPDIR": str(temporary)},
     )
     assert "TOKENIZER-OK" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "SCRIPT-OK" in done.stdout, done.stdout + done.stderr[-3000:]
     assert done.returncode == 3  # the child's exit code
+    # No folder of the launcher's or the elastic agent's is left; torch's compile cache
+    # (torchinductor_<user>, made when bitsandbytes is importable) is kept on purpose.
+    left = [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == []

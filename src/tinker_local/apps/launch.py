@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 import uuid
 
 logger = logging.getLogger("tinker_local.server")
@@ -87,13 +88,17 @@ def launch_serve(args: argparse.Namespace, argv: list[str]) -> int:
         max_restarts=args.max_restarts,
         monitor_interval=0.5,
     )
-    agent = _serving_agent_class()(spec, logs_specs=DefaultLogsSpecs(), start_method="spawn")
-    try:
-        result = agent.run()
-    except SignalException:  # Ctrl-C / SIGTERM: the agent stopped the ranks
-        return 0
-    finally:
-        spec.rdzv_handler.shutdown()
+    # The agent's per-attempt folders (the ranks' error files, read within `run`) go in a
+    # folder of ours that goes with the group: by default torch leaves one in /tmp per launch.
+    with tempfile.TemporaryDirectory(prefix="tinker-local-ranks-") as rank_logs:
+        agent = _serving_agent_class()(spec, logs_specs=DefaultLogsSpecs(log_dir=rank_logs),
+                                       start_method="spawn")
+        try:
+            result = agent.run()
+        except SignalException:  # Ctrl-C / SIGTERM: the agent stopped the ranks
+            return 0
+        finally:
+            spec.rdzv_handler.shutdown()
     if result.is_failed():
         for rank, failure in sorted(result.failures.items()):
             print(f"tinker-local serve: rank {rank} failed with exit code {failure.exitcode}",

@@ -439,6 +439,7 @@ def _start_local(args: argparse.Namespace) -> tuple[str, Any]:
 def _start_group(args: argparse.Namespace, wait_s: float = 600.0) -> tuple[str, Any]:
     """`tinker-local serve --nproc-per-node N` in a child process, for `run`: its rank 0 writes
     the URL it serves at into a file once it answers."""
+    import shutil
     import signal
     import tempfile
     import time
@@ -466,13 +467,18 @@ def _start_group(args: argparse.Namespace, wait_s: float = 600.0) -> tuple[str, 
             except subprocess.TimeoutExpired:
                 group.kill()
                 group.wait()
+        # Only now: a restarted rank 0 writes the URL file again.
+        shutil.rmtree(url_file.parent, ignore_errors=True)
 
     deadline = time.monotonic() + wait_s
-    while not url_file.is_file():
-        if group.poll() is not None:
-            raise RuntimeError(f"the engine group exited with code {group.returncode}")
-        if time.monotonic() > deadline:
-            stop()
-            raise RuntimeError(f"the engine group did not start within {wait_s:.0f} s")
-        time.sleep(0.2)
-    return url_file.read_text().strip(), stop
+    try:
+        while not url_file.is_file():
+            if group.poll() is not None:
+                raise RuntimeError(f"the engine group exited with code {group.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the engine group did not start within {wait_s:.0f} s")
+            time.sleep(0.2)
+        return url_file.read_text().strip(), stop
+    except BaseException:
+        stop()
+        raise
