@@ -82,19 +82,24 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
     """The byte-level BPE vocabulary and merge list equivalent to tiktoken `ranks`."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    byte_chars = bytes_to_unicode()
+    # byte -> its printable character, applied by `str.translate` (C speed; 248k tokens)
+    byte_chars = str.maketrans({chr(b): c for b, c in bytes_to_unicode().items()})
 
     def text(token: bytes) -> str:
-        return "".join(byte_chars[b] for b in token)
+        return token.decode("latin-1").translate(byte_chars)
 
     ordered: list[tuple[int, int, int, bytes, bytes]] = []
     for token, rank in ranks.items():
         if len(token) < 2:
             continue
-        pieces = _bpe(ranks, token, rank)
-        splits = [tuple(pieces)] if len(pieces) == 2 else [
-            (token[:cut], token[cut:]) for cut in range(1, len(token))
-            if token[:cut] in ranks and token[cut:] in ranks]
+        splits = [(token[:cut], token[cut:]) for cut in range(1, len(token))
+                  if token[:cut] in ranks and token[cut:] in ranks]
+        # BPE's last merge is one of these splits, so a token with one split needs no BPE run
+        # (40 % of them); the others take the split BPE ends with when it ends with two pieces.
+        if len(splits) > 1:
+            pieces = _bpe(ranks, token, rank)
+            if len(pieces) == 2:
+                splits = [(pieces[0], pieces[1])]
         ordered.extend((rank, ranks[left], ranks[right], left, right) for left, right in splits)
     ordered.sort()
     vocab = {text(token): rank for token, rank in ranks.items()}
