@@ -27,14 +27,15 @@ run: $(STAMP)
 	$(VPY) -m tinker_local.apps.demo
 
 # The import-linter contracts in pyproject.toml (layers, no cycles) first: seconds, not minutes.
-# pytest on three xdist workers, a test file per worker at a time (module fixtures start once).
+# pytest on three xdist workers, a test file per worker at a time (module fixtures start once),
+# the longest files first (tests/file_order.py; --no-loadscope-reorder keeps xdist to that order).
 # Three on two cores: the tests wait on servers and processes often enough that a third worker
 # fills the idle time (~10 % faster than two, measured); docs/testing.md has the measurements
 # and how to run a part of the suite.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(VPY) -m pytest -q -x -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(VPY) -m pytest -q -x -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VPY) -m ruff check src tests benchmarks

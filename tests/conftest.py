@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-# The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py).
-pytest_plugins = ["sdk_coverage"]
+# The record of which SDK client methods the suite calls (tests/test_sdk_coverage.py), and the
+# order xdist hands out the test files in, the longest first (tests/file_order.py).
+pytest_plugins = ["sdk_coverage", "file_order"]
 
 
 def home_sharing_models(home: Path, models: Path) -> Path:
