@@ -1,3 +1,4 @@
+import contextlib
 import json
 
 import pytest
@@ -73,7 +74,7 @@ def test_a_run_stopped_by_a_broken_task_prints_why(tmp_path, monkeypatch, capsys
     # whose threads outlive the test and write to its closed captured output.
     monkeypatch.setattr(cli, "tokenizer_for", lambda model, base_url: object())
     monkeypatch.setattr(cli, "register_log_dir", lambda *args: None)
-    monkeypatch.setattr(cli, "service_client", lambda base_url: object())
+    monkeypatch.setattr(cli, "command_session", lambda base_url: contextlib.nullcontext(object()))
     monkeypatch.setattr(cli, "run", stopped)
     argv = ["--task", "arithmetic", "--base-model", config.TINY_TEST_MODEL, "--no-progress"]
     assert cli.main([*argv, "--log-dir", str(tmp_path / "run")]) == 1

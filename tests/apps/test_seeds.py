@@ -179,7 +179,7 @@ def _refused(capsys, monkeypatch, module, argv: list[str], expect: str) -> None:
     def no_server(*_a, **_k):
         raise AssertionError("a server was started for bad input")
 
-    monkeypatch.setattr(module, "service_client", no_server)
+    monkeypatch.setattr(module, "command_session", no_server)
     assert module.main(argv) == 2, argv
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expect in err, (argv, err)

@@ -163,20 +163,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinker-local collect: {message}", file=sys.stderr)
         return 2
     if args.debate:
-        from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
+        from tinker_local.apps.connect import command_session, quiet_sdk_polling_logs
         from tinker_local.sl.debate_collect import write_debate_collection
 
         quiet_sdk_polling_logs()
 
-        policy, judge = debate_roles(service_client(args.base_url), settings)
-        counts = write_debate_collection(
-            items,
-            args.out,
-            policy,
-            judge,
-            rounds=settings["rounds"],
-            concurrency=settings["concurrency"],
-        )
+        with command_session(args.base_url) as client:
+            policy, judge = debate_roles(client, settings)
+            counts = write_debate_collection(
+                items,
+                args.out,
+                policy,
+                judge,
+                rounds=settings["rounds"],
+                concurrency=settings["concurrency"],
+            )
     else:
         counts = write_collection(items, args.out)
     return 0 if print_counts(counts, args.out) else 1

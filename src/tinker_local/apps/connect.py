@@ -4,8 +4,10 @@ command tells that server about its log directory (for the web console's plots).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,9 @@ logger = logging.getLogger("tinker_local")
 
 # tinker-local's console endpoint (server/console/api.py); other servers answer 404.
 LOG_DIRS_ROUTE = "/api/v1/console/log_dirs"
+# How long a command waits, as it ends, for its server to record how its session ended. The
+# SDK retries that for minutes when the server has gone; the command's outcome does not wait.
+FINISH_WAIT_S = 10.0
 
 
 def service_client(base_url: str | None = None) -> tinker.ServiceClient:
@@ -31,6 +36,29 @@ def service_client(base_url: str | None = None) -> tinker.ServiceClient:
     from tinker_local.apps.embedded import ServiceClient
 
     return ServiceClient()
+
+
+@contextlib.contextmanager
+def command_session(base_url: str | None = None) -> Iterator[tinker.ServiceClient]:
+    """`service_client(base_url)` for the length of one command. When the command ends, its
+    session is finished as the SDK's own `with` block finishes one ("success"; "errored" when an
+    exception escapes; "interrupted" on Ctrl-C), which stops the client's heartbeats; a command
+    run in a longer-lived process (a notebook, the tests) leaves no client behind."""
+    client = service_client(base_url)
+    status = "success"
+    try:
+        yield client
+    except Exception:
+        status = "errored"
+        raise
+    except BaseException:
+        status = "interrupted"
+        raise
+    finally:
+        try:
+            client.close(status).result(timeout=FINISH_WAIT_S)
+        except Exception:  # the server is gone or slow: it expires the session itself
+            logger.debug("the server did not record the end of the session", exc_info=True)
 
 
 def _server(base_url: str | None) -> tuple[str, str]:
@@ -81,8 +109,8 @@ def tokenizer_for(base_model: str, base_url: str | None = None) -> Any:
     folder as the engine resolves it (a bad name raises its ValueError now), or, with
     `base_url`, from a sampling client of that server."""
     if base_url:
-        sampler = service_client(base_url).create_sampling_client(base_model=base_model)
-        return sampler.get_tokenizer()
+        with command_session(base_url) as client:
+            return client.create_sampling_client(base_model=base_model).get_tokenizer()
     from transformers import AutoTokenizer
 
     from tinker_local.engine.models.registry import resolve_model

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.apps import warmup
-from tinker_local.apps.connect import register_log_dir, service_client
+from tinker_local.apps.connect import command_session, register_log_dir
 from tinker_local.apps.offline import go_offline_if_hub_unreachable
 from tinker_local.apps.progress import ProgressDisplay, RunClock
 from tinker_local.apps.run_timing import TimingRecord
@@ -175,25 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         return train, test
 
-    client = service_client(args.base_url)
-    console_url = register_log_dir(log_dir, "rl", args.base_url)  # an RL run to the console
-    if console_url is not None:
-        root = console_url.split("/logs/", 1)[0] + "/"
-        print(f"watch it live at {root} (this run: {console_url})", flush=True)
-    print(
-        f"loading {cfg.base_model} (a first run converts it once), then timing one step's "
-        "work on this machine...",
-        flush=True,
-    )
-    timing = asyncio.run(_warm_up(client, cfg))
-    print(timing.summary(cfg.max_steps, args.eval_problems), flush=True)
-    estimate = timing.estimate(cfg.max_steps, args.eval_problems)
-    record = TimingRecord(Path(log_dir), cfg.max_steps, args.eval_problems, timing)
-    clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=estimate.expected_s)
-    started = time.perf_counter()
-    with _step_display(clock) as show:
-        result = run(cfg, datasets, service_client=client, on_step=record.wrap(show))
-    seconds = time.perf_counter() - started
+    with command_session(args.base_url) as client:
+        console_url = register_log_dir(log_dir, "rl", args.base_url)  # an RL run to the console
+        if console_url is not None:
+            root = console_url.split("/logs/", 1)[0] + "/"
+            print(f"watch it live at {root} (this run: {console_url})", flush=True)
+        print(
+            f"loading {cfg.base_model} (a first run converts it once), then timing one step's "
+            "work on this machine...",
+            flush=True,
+        )
+        timing = asyncio.run(_warm_up(client, cfg))
+        print(timing.summary(cfg.max_steps, args.eval_problems), flush=True)
+        estimate = timing.estimate(cfg.max_steps, args.eval_problems)
+        record = TimingRecord(Path(log_dir), cfg.max_steps, args.eval_problems, timing)
+        clock = RunClock(cfg.max_steps, final_eval=True, expected_left_s=estimate.expected_s)
+        started = time.perf_counter()
+        with _step_display(clock) as show:
+            result = run(cfg, datasets, service_client=client, on_step=record.wrap(show))
+        seconds = time.perf_counter() - started
     record.finish(seconds)
     print(report(result, seconds, base_model=cfg.base_model, expected=estimate))
     return 0

@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinker_local.apps.connect import quiet_sdk_polling_logs, service_client
+from tinker_local.apps.connect import command_session, quiet_sdk_polling_logs
 from tinker_local.apps.seeds import SeedRun, models_figure, parse_seeds, seed_dir, write_summary
 from tinker_local.apps.tracking_args import add_tracking_args, tracking_settings
 from tinker_local.eval.report import (
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         quiet_sdk_polling_logs()
-        new, transcripts = evaluate_models(service_client(args.base_url), models, items, config)
+        with command_session(args.base_url) as service:
+            new, transcripts = evaluate_models(service, models, items, config)
         results += new
     try:
         paths = write_report(args.out, results, transcripts)
@@ -200,17 +201,17 @@ def _evaluate_seeds(
               file=sys.stderr)  # fmt: skip
         return 2
     quiet_sdk_polling_logs()
-    service = service_client(args.base_url)
     runs = []
-    for seed in seeds:
-        seeded = EvalConfig(**{**vars(config), "seed": seed})
-        results, transcripts = evaluate_models(service, models, items[seed], seeded)
-        out = seed_dir(args.out, seed)
-        write_report(out, results, transcripts)
-        _track(args, tracking, seeded, models, results, out)
-        print(f"seed {seed}:\n" + markdown_table(results))
-        rates = {r.label: r.aggregate.success_rate for r in results}
-        runs.append(SeedRun(seed, str(out), rates))
+    with command_session(args.base_url) as service:
+        for seed in seeds:
+            seeded = EvalConfig(**{**vars(config), "seed": seed})
+            results, transcripts = evaluate_models(service, models, items[seed], seeded)
+            out = seed_dir(args.out, seed)
+            write_report(out, results, transcripts)
+            _track(args, tracking, seeded, models, results, out)
+            print(f"seed {seed}:\n" + markdown_table(results))
+            rates = {r.label: r.aggregate.success_rate for r in results}
+            runs.append(SeedRun(seed, str(out), rates))
     labels = [label for label, _ in models]
     figure = models_figure(runs, labels, "success rate (all tasks pooled)")
     paths = write_summary(args.out, "tinker-local eval", runs, labels, figure)

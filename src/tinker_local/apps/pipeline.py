@@ -68,9 +68,9 @@ from tinker_local.apps.collect import (
     load_debate_problems,
 )
 from tinker_local.apps.connect import (
+    command_session,
     quiet_sdk_polling_logs,
     register_log_dir,
-    service_client,
     tokenizer_for,
 )
 from tinker_local.apps.pipeline_runs import seeded, with_task, write_seed_summary
@@ -484,17 +484,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinker-local pipeline: {message}", file=sys.stderr)
         return 2
     quiet_sdk_polling_logs()
-    client = service_client(args.base_url)
-    # One registration for every stage (and seed): the console plots each stage folder's
-    # metrics.jsonl.
-    register_log_dir(root, "pipeline", args.base_url)
     outcomes = []
-    for cfg, rl_datasets in runs:
-        outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
-        print(outcome.summary() + markdown_table(outcome.results))
-        print(f"reports in {cfg.root / 'eval'}")
-        print(f"final model: {outcome.final} ({outcome.final_model})")
-        outcomes.append(outcome)
+    with command_session(args.base_url) as client:
+        # One registration for every stage (and seed): the console plots each stage folder's
+        # metrics.jsonl.
+        register_log_dir(root, "pipeline", args.base_url)
+        for cfg, rl_datasets in runs:
+            outcome = run_pipeline(cfg, client, rl_datasets=rl_datasets)
+            print(outcome.summary() + markdown_table(outcome.results))
+            print(f"reports in {cfg.root / 'eval'}")
+            print(f"final model: {outcome.final} ({outcome.final_model})")
+            outcomes.append(outcome)
     if seeds is not None:
         print(write_seed_summary(root, seeds, outcomes))
     for outcome in outcomes:  # last, where a user looks: RL made the model worse

@@ -30,9 +30,9 @@ from typing import Any
 
 from tinker_local import presets
 from tinker_local.apps.connect import (
+    command_session,
     quiet_sdk_polling_logs,
     register_log_dir,
-    service_client,
     tokenizer_for,
 )
 from tinker_local.apps.seeds import (
@@ -221,17 +221,18 @@ def main(argv: list[str] | None = None) -> int:
         ]
     except (ValueError, TypeError, KeyError, OSError) as error:
         return _fail(_message(error))
-    service["client"] = client = service_client(args.base_url)
-    register_log_dir(cfg.log_dir, "rl", args.base_url)  # the console finds seed-S/ below it
     results = []
-    for c, (train, test) in zip(configs, data):
-        try:
-            result = _train(c, _fixed_datasets(train, test), client, args)
-        except TooManyEnvErrors as error:  # the task is broken: its message says which and how
-            print(f"{PROG}: {error}", file=sys.stderr)
-            return 1
-        _print_result(result)
-        results.append(result)
+    try:
+        with command_session(args.base_url) as client:
+            service["client"] = client
+            register_log_dir(cfg.log_dir, "rl", args.base_url)  # the console finds seed-S/ below
+            for c, (train, test) in zip(configs, data):
+                result = _train(c, _fixed_datasets(train, test), client, args)
+                _print_result(result)
+                results.append(result)
+    except TooManyEnvErrors as error:  # the task is broken: its message says which and how
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
     if seeds is not None:
         _print_seed_summary(cfg.log_dir, seeds, results)
     return 0

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local import presets
-from tinker_local.apps.connect import register_log_dir, service_client
+from tinker_local.apps.connect import command_session, register_log_dir
 from tinker_local.apps.seeds import (
     SeedRun,
     curves_figure,
@@ -133,16 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tinker_local.sl.train import train  # after parsing: bad flags fail fast
 
-    client = service_client(args.base_url)
-    register_log_dir(config.log_dir, "sft", args.base_url)  # the console finds seed-S/ below
     runs = []
-    for c in configs:
-        result = train(c, client, stop_after_steps=args.stop_after_steps)
-        _print_result(result)
-        best = result.best.val_loss if result.best is not None else None
-        values = {"best_val_loss": best,
-                  "final_train_loss": last_value(metric_rows(result.log_dir), "train_loss")}
-        runs.append(SeedRun(c.seed, result.log_dir, values))  # fmt: skip
+    with command_session(args.base_url) as client:
+        register_log_dir(config.log_dir, "sft", args.base_url)  # the console finds seed-S/ below
+        for c in configs:
+            result = train(c, client, stop_after_steps=args.stop_after_steps)
+            _print_result(result)
+            best = result.best.val_loss if result.best is not None else None
+            values = {"best_val_loss": best,
+                      "final_train_loss": last_value(metric_rows(result.log_dir), "train_loss")}
+            runs.append(SeedRun(c.seed, result.log_dir, values))  # fmt: skip
     if seeds is not None:
         figure = curves_figure(runs, ["train_loss", "val_loss"])
         paths = write_summary(config.log_dir, "tinker-local sft", runs, list(runs[0].values),
