@@ -5,7 +5,8 @@ and HEAD/GET of `resolve` URLs, with byte ranges (so a partial download can resu
 `slow` names files sent in small chunks with pauses (so a test can interrupt a download
 half-way); `drop_after` cuts the connection once after that many bytes of a file (a network
 failure mid-file); `claimed_sizes` makes the tree listing claim another size for a file (a model too
-big for the disk); `requests` records (method, path, Range header) of every request.
+big for the disk); `requests` records (method, path, Range header) of every request, and
+`downloads()` picks the file transfers out of them.
 
 Uploads (what `huggingface_hub`'s `create_repo` + `create_commit` send): `POST /api/repos/create`,
 `POST /api/models/{repo}/preupload/{rev}` (every file "regular": its bytes travel base64 in the
@@ -40,6 +41,13 @@ class FakeHub:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def downloads(self) -> list[tuple[str, str | None]]:
+        """(path, Range header) of every GET of a file that fetches it to its end: a whole-file
+        transfer or a resume ("bytes=N-"), not a bounded read such as a safetensors header."""
+        return [(path, ranged) for method, path, ranged in list(self.requests)
+                if method == "GET" and "/resolve/" in path
+                and (ranged is None or ranged.endswith("-"))]  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -158,23 +166,26 @@ class FakeHub:
                 data = hub.repos.get(repo, {}).get(name)
                 if data is None:
                     return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
-                start = 0
+                start, end = 0, len(data) - 1
                 ranged = self.headers.get("Range")
                 if ranged and ranged.startswith("bytes="):
-                    start = int(ranged[len("bytes=") :].split("-")[0])
-                chunk = data[start:]
-                self.send_response(206 if start else 200)
+                    first, _, last = ranged[len("bytes=") :].partition("-")
+                    start = int(first)
+                    end = min(int(last), end) if last else end
+                chunk = data[start : end + 1]
+                self.send_response(206 if ranged else 200)
                 self.send_header("Content-Length", str(len(chunk)))
                 self.send_header("ETag", f'"{_oid(data)}"')
                 self.send_header("X-Repo-Commit", COMMIT)
-                if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
                 self.send_header("Accept-Ranges", "bytes")
                 self.end_headers()
                 if not body:
                     return
                 try:
-                    cut = hub.drop_after.pop(name, None) if not start else None
+                    # a whole-file transfer is the one cut off; a resume or a header read is not
+                    cut = hub.drop_after.pop(name, None) if not ranged else None
                     if cut is not None:
                         self.wfile.write(chunk[:cut])
                         self.wfile.flush()

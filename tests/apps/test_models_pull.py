@@ -82,9 +82,15 @@ def test_pull_shows_the_cost_then_downloads_and_models_lists_it(hub, tmp_path):
     done = _cli(env, "models", "pull", REPO, "--dtype", "bfloat16", "--device", "cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    # The cost comes before any weights are fetched: 3,219,776 parameters x 2 bytes.
+    # The cost comes before any weights are fetched: 3,219,776 parameters x 2 bytes, counted
+    # from each shard's safetensors header, read with a bounded byte range.
     assert lines[0].startswith(f"{REPO}: 3.22M parameters, 6.14 MiB in bfloat16; ")
     assert lines[0].endswith(": fits")
+    gets = [(p, r) for m, p, r in hub.requests if m == "GET" and "/resolve/" in p]
+    header_reads = [i for i, (p, r) in enumerate(gets) if r and not r.endswith("-")]
+    assert sorted(gets[i][0].rsplit("/", 1)[1] for i in header_reads) == sorted(SHARDS)
+    weights = [i for i, (p, r) in enumerate(gets) if p.endswith(SHARDS) and i not in header_reads]
+    assert max(header_reads) < min(weights)
     assert "Fetching" in done.stderr  # huggingface_hub's own progress bar
     snapshot = _repo_cache(tmp_path) / "snapshots" / COMMIT
     for name, data in hub.repos[REPO].items():
@@ -107,7 +113,7 @@ def test_a_transfer_cut_off_mid_file_continues_where_it_stopped(hub, tmp_path):
     hub.drop_after["model.safetensors"] = 11_000_000
     done = _cli(_env(hub, tmp_path), "models", "pull", SINGLE)
     assert done.returncode == 0, done.stderr[-3000:]
-    ranges = [r for m, p, r in hub.requests if m == "GET" and p.endswith("/model.safetensors")]
+    ranges = [r for p, r in hub.downloads() if p.endswith("/model.safetensors")]
     # huggingface_hub writes 10 MiB chunks: the first one was kept, the rest was asked for.
     assert ranges == [None, f"bytes={10 * 1024 * 1024}-"]
     assert "Trying to resume download" in done.stderr
@@ -128,7 +134,7 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     deadline = time.monotonic() + 120
     started = None
     while time.monotonic() < deadline and proc.poll() is None:
-        in_flight = any(m == "GET" and p.endswith(SHARDS[1]) for m, p, _ in list(hub.requests))
+        in_flight = any(p.endswith(SHARDS[1]) for p, _ in hub.downloads())
         if started is None and in_flight and (snapshot / SHARDS[0]).is_file():
             started = time.monotonic()
         if started is not None and time.monotonic() - started > 1.0:
@@ -164,10 +170,29 @@ def test_an_interrupted_pull_is_never_served_and_the_next_pull_fetches_the_rest(
     done = _cli(env, "models", "pull", REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "downloading 1 of " in done.stdout  # only what did not finish
-    fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    fetched = [p for p, _ in hub.downloads()]
     assert [p.rsplit("/", 1)[1] for p in fetched] == [SHARDS[1]]
     assert (snapshot / SHARDS[1]).read_bytes() == hub.repos[REPO][SHARDS[1]]
     assert (_repo_cache(tmp_path) / "refs" / "main").read_text() == COMMIT
+
+
+def test_a_repo_with_bin_weights_is_priced_from_its_config(hub, tmp_path, tiny_model_folder):
+    """No safetensors, so no headers to read: the cost comes from an empty model built from
+    config.json (the tiny Llama's 3,219,776 parameters), and the `.bin` weights are fetched."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(tiny_model_folder / "model.safetensors")
+    weights = tmp_path / "pytorch_model.bin"
+    torch.save(state, weights)
+    files = {k: v for k, v in hub.repos[SINGLE].items() if not k.endswith(".safetensors")}
+    hub.repos["tiny-org/bin-weights"] = {**files, "pytorch_model.bin": weights.read_bytes()}
+    done = _cli(_env(hub, tmp_path), "models", "pull", "tiny-org/bin-weights",
+                "--dtype", "float32", "--device", "cpu")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("tiny-org/bin-weights: 3.22M parameters, 12.3 MiB in float32")
+    assert [p.rsplit("/", 1)[1] for p, _ in hub.downloads() if "bin-weights" in p and
+            p.endswith(".bin")] == ["pytorch_model.bin"]  # fmt: skip
 
 
 def test_pull_refuses_bad_names_and_offline_mode(cli):
@@ -190,7 +215,7 @@ def test_pull_refuses_missing_repos_and_a_full_disk(hub, tmp_path):
     hub.claimed_sizes[SHARDS[1]] = 10**16  # ~9 PiB: more than any test disk
     full = _cli(env, "models", "pull", REPO)
     assert full.returncode == 1 and f"not enough disk for {REPO}" in full.stderr
-    assert not [p for m, p, _ in hub.requests if m == "GET" and p.endswith(".safetensors")]
+    assert not [p for p, _ in hub.downloads() if p.endswith(".safetensors")]
     assert not (_repo_cache(tmp_path) / "refs" / "main").exists()
     assert "Traceback" not in missing.stderr + full.stderr
 
@@ -229,8 +254,8 @@ def test_serve_allow_download_pulls_a_model_when_a_client_first_asks(
 
 def test_a_vision_language_checkpoint_is_priced_and_listed_with_both_towers(tmp_path):
     """A Qwen3.5 checkpoint (`Qwen3_5ForConditionalGeneration`: the hybrid language model and a
-    vision tower) on the hub: the cost line before the download, from config.json alone, and
-    `tinker-local models` after it, from the safetensors headers, both count the vision tower
+    vision tower) on the hub: the cost line before the download, from the hub's safetensors
+    headers, and `tinker-local models` after it, from the local ones, both count the vision tower
     (which transformers' causal-LM class would drop)."""
     from safetensors import safe_open
 

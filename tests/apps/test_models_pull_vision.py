@@ -27,7 +27,7 @@ def test_pull_of_a_vision_model_counts_both_towers_and_fetches_its_processor(tmp
         done = _cli(env, "models", "pull", REPO, "--dtype", "float32", "--device", "cpu")
         assert done.returncode == 0, done.stderr[-3000:]
         first = done.stdout.splitlines()[0]
-        # From config.json alone, before the weights: both towers, the vision one named.
+        # From the safetensors header, before the weights: both towers, the vision one named.
         assert first.startswith(f"{REPO}: 9.92M parameters (118K in the vision tower), "), first
         snapshot = (tmp_path / "hf" / "hub" / ("models--" + REPO.replace("/", "--"))
                     / "snapshots" / COMMIT)

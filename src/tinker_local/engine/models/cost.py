@@ -1,19 +1,21 @@
 """What a model costs before it is loaded: its parameters, their bytes in the dtype it will be
 served in, and whether that fits the memory of the device it will load on.
 
-Parameters come from the safetensors headers (exact, and read without loading a tensor) or,
-for other formats or a model not yet downloaded, from an empty (meta-device) model built from
-`config.json`. A vision-language model counts both towers, and says how many of its parameters
+Parameters come from the safetensors headers (exact, and read without loading a tensor: from
+the files here, or from the hub with byte ranges before a pull, `hub_download`) or, for other
+formats, from an empty (meta-device) model built from `config.json`. A vision-language model counts both towers, and says how many of its parameters
 are the image encoder's (`vision_parameters`). A quantised base ("int8", "nf4") prices its Linear
 layers (`quantizable_parameters`: every 2-D weight but the embeddings and the output layer) at
-`quantization.BYTES_PER_WEIGHT` and the rest in `dtype`. Only the weights are priced: training adds the LoRA weights, their optimizer
-state and activations, sampling the KV cache; `fits` leaves a fifth of the memory for those.
+`quantization.BYTES_PER_WEIGHT` and the rest in `dtype`. Only the weights are priced:
+training adds the LoRA weights, their optimizer state and activations, sampling the KV cache;
+`fits` leaves a fifth of the memory for those.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,17 +142,27 @@ def safetensors_parameters(folder: Path, split_vision: bool = False):
         shards = ["model.safetensors"]
     else:
         return None
-    total = vision = 0
-    for shard in shards:
-        path = folder / shard
-        if not path.is_file():
-            return None
-        for name, info in _safetensors_header(path).items():
-            if name != "__metadata__":
-                total += _numel(info["shape"])
-                if _in_vision_tower(name):
-                    vision += _numel(info["shape"])
+    paths = [folder / shard for shard in shards]
+    if not all(path.is_file() for path in paths):
+        return None
+    total, vision = tensor_parameter_counts(
+        (name, info["shape"])
+        for path in paths
+        for name, info in _safetensors_header(path).items()
+        if name != "__metadata__"
+    )
     return (total, vision) if split_vision else total
+
+
+def tensor_parameter_counts(tensors: Iterable[tuple[str, Sequence[int]]]) -> tuple[int, int]:
+    """(all parameters, the image encoder's) of checkpoint tensors given as (name, shape):
+    local safetensors headers here, the hub's in `hub_download`."""
+    total = vision = 0
+    for name, shape in tensors:
+        count = _numel(shape)
+        total += count
+        vision += count if _in_vision_tower(name) else 0
+    return total, vision
 
 
 def _in_vision_tower(name: str) -> bool:
@@ -243,7 +255,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         return json.loads(f.read(length))
 
 
-def _numel(shape: list[int]) -> int:
+def _numel(shape: Sequence[int]) -> int:
     total = 1
     for dim in shape:
         total *= dim

@@ -9,8 +9,9 @@ What is fetched: the top-level files a causal LM is served from (config, safeten
 or `pytorch_model*.bin` when there are none, tokenizer, chat template; a vision-language
 model's image processor configuration, `preprocessor_config.json`), never other formats
 (GGUF, ONNX, `original/`). Before the weights come: the model's cost (parameters, bytes in the
-serving dtype, whether it fits memory; `cost.py`, from `config.json` alone) and a disk
-check against the sizes the hub lists.
+serving dtype, whether it fits memory; `cost.py`), counted from the safetensors headers, which
+the hub serves as byte ranges (a few hundred KB per shard, and no model class imported), or from
+`config.json` for `.bin` weights; and a disk check against the sizes the hub lists.
 
 No half-written model is ever served: the download goes to the hub cache by commit hash, and
 `refs/main`, which is how a name finds its snapshot (`models.cached_snapshot`), is written only
@@ -34,6 +35,7 @@ from tinker_local.engine.models.cost import (
     available_memory,
     config_parameter_counts,
     human_bytes,
+    tensor_parameter_counts,
 )
 from tinker_local.engine.models.registry import (
     LoadedBase,
@@ -65,8 +67,13 @@ def pull(
 ) -> Path:
     """Download `repo_id` into the hub cache (resuming what an earlier pull left) and return
     its snapshot folder, which `resolve_model(repo_id)` then finds."""
-    from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        RepositoryNotFoundError,
+        SafetensorsParsingError,
+    )
     from huggingface_hub.hf_api import RepoFile
 
     if not isinstance(repo_id, str) or not is_hub_id(repo_id):
@@ -102,9 +109,8 @@ def pull(
         )
 
     try:
-        config_path = hf_hub_download(repo_id, "config.json", revision=commit)
         resolved_device = resolve_device(device)
-        total, vision = config_parameter_counts(json.loads(Path(config_path).read_text()))
+        total, vision = _hub_parameter_counts(api, repo_id, commit, files)
         cost = ModelCost(
             total,
             resolve_dtype(dtype, resolved_device),
@@ -113,7 +119,9 @@ def pull(
             vision or None,
         )
         say(f"{repo_id}: {cost.describe()}")
-    except (ValueError, KeyError) as error:  # a config transformers cannot build
+    except (ValueError, KeyError, SafetensorsParsingError, EntryNotFoundError) as error:
+        # a config transformers cannot build, a header that is not safetensors, a shard the
+        # index names and the repo lacks (the download's folder check then says which)
         say(f"{repo_id}: cost unknown ({error})")
     except Exception as error:  # noqa: BLE001 - as above
         raise _transfer_error(repo_id, error) from None
@@ -179,6 +187,27 @@ def drop_partial_files(repo_id: str) -> None:
     blobs = hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "blobs"
     for path in blobs.glob("*.incomplete"):
         path.unlink(missing_ok=True)
+
+
+def _hub_parameter_counts(api, repo_id: str, commit: str, files: list[str]) -> tuple[int, int]:
+    """(all parameters, the image encoder's) of `repo_id` at `commit`: from its safetensors
+    headers, fetched with byte ranges; from its `config.json` when its weights are `.bin`."""
+    from huggingface_hub import hf_hub_download
+
+    if "model.safetensors.index.json" in files:  # the shards transformers loads, no others
+        index = hf_hub_download(repo_id, "model.safetensors.index.json", revision=commit)
+        shards = sorted(set(json.loads(Path(index).read_text()).get("weight_map", {}).values()))
+    elif "model.safetensors" in files:
+        shards = ["model.safetensors"]
+    else:
+        config_path = hf_hub_download(repo_id, "config.json", revision=commit)
+        return config_parameter_counts(json.loads(Path(config_path).read_text()))
+    return tensor_parameter_counts(
+        (name, tensor.shape)
+        for shard in shards
+        for name, tensor in api.parse_safetensors_file_metadata(
+            repo_id, shard, revision=commit).tensors.items()
+    )  # fmt: skip
 
 
 def _is_weights(name: str) -> bool:
