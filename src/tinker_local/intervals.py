@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy.stats import beta as beta_dist
-
 DEFAULT_LEVEL = 0.8
 
 
@@ -37,9 +35,7 @@ def jeffreys_interval(successes: int, n: int, level: float = DEFAULT_LEVEL) -> I
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
     tail = (1.0 - level) / 2.0
-    a, b = 0.5 + successes, 0.5 + n - successes
-    low, high = beta_dist.ppf([tail, 1.0 - tail], a, b)
-    return Interval(low=float(low), high=float(high), level=level)
+    return _beta_interval(0.5 + successes, 0.5 + n - successes, tail, level)
 
 
 def effective_jeffreys_interval(
@@ -55,6 +51,14 @@ def effective_jeffreys_interval(
         raise ValueError(f"level must be in (0, 1), got {level}")
     tail = (1.0 - level) / 2.0
     a, b = 0.5 + rate * n_effective, 0.5 + (1.0 - rate) * n_effective
+    return _beta_interval(a, b, tail, level)
+
+
+def _beta_interval(a: float, b: float, tail: float, level: float) -> Interval:
+    # scipy.stats here, not at the top: it takes ~0.6 s to import, and every command that can
+    # report an interval (rl, eval, pipeline, the demo) would pay it for `--help` or a bad flag
+    from scipy.stats import beta as beta_dist
+
     low, high = beta_dist.ppf([tail, 1.0 - tail], a, b)
     return Interval(low=float(low), high=float(high), level=level)
 

@@ -42,3 +42,24 @@ def test_imports_run_with_the_collector_paused_and_leave_it_as_it_was() -> None:
     assert first["enabled"] and first["frozen"] == 0  # a user's process: nothing frozen
     # A process of ours: the modules' objects frozen; the collector stays off as it was.
     assert not second["enabled"] and second["frozen"] > 100_000, second
+
+
+HELP_CHILD = """
+import contextlib, io, sys
+from tinker_local.apps.cli import main
+
+for command in ("rl", "sft", "eval", "pipeline", "collect"):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main([command, "--help"])
+print(sorted(m for m in ("scipy.stats", "transformers.modeling_utils", "peft") if m in sys.modules))
+"""
+
+
+def test_a_commands_help_imports_no_statistics_or_model_libraries() -> None:
+    """`--help` (and a flag error) answers before the libraries a run needs: scipy.stats (the
+    intervals, ~0.6 s) is imported when an interval is computed. The SDK, which imports torch,
+    is still imported. In a new interpreter: the fork servers preload scipy.stats."""
+    done = processes.run([sys.executable, "-c", HELP_CHILD], fresh=True, capture_output=True,
+                         text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

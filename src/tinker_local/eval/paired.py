@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest, bootstrap, permutation_test
 
 from tinker_local.eval.stats import TaskStats
 from tinker_local.intervals import DEFAULT_LEVEL, Interval
@@ -148,6 +147,8 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     """Two-sided exact McNemar p-value from the discordant counts."""
     if only_first + only_second == 0:
         return 1.0
+    from scipy.stats import binomtest  # here: see intervals._beta_interval
+
     return float(binomtest(only_second, only_first + only_second, 0.5).pvalue)
 
 
@@ -157,6 +158,8 @@ def sign_flip_p_value(d: np.ndarray) -> float:
     if len(nonzero) == 0:
         return 1.0
     exact = 2 ** len(nonzero) <= 65536
+    from scipy.stats import permutation_test  # here: see intervals._beta_interval
+
     result = permutation_test(
         (nonzero,),
         lambda x, axis: np.mean(x, axis=axis),
@@ -173,6 +176,8 @@ def paired_interval(d: np.ndarray, level: float = DEFAULT_LEVEL) -> Interval:
     """Percentile bootstrap interval of mean(d) over problems (a point when all d_i agree)."""
     if len(d) == 1 or np.all(d == d[0]):
         return Interval(float(d[0]), float(d[0]), level)
+    from scipy.stats import bootstrap  # here: see intervals._beta_interval
+
     result = bootstrap(
         (d,),
         lambda x, axis: np.mean(x, axis=axis),
