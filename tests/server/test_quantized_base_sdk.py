@@ -26,7 +26,8 @@ def service() -> Iterator[tinker.ServiceClient]:
     if quantization.bitsandbytes_problem("cpu") and quantization.torchao_problem():
         pytest.skip("neither bitsandbytes nor torchao runs here: "
                     f"{quantization.bitsandbytes_problem('cpu')}")
-    yield tinker_local.ServiceClient()
+    with tinker_local.ServiceClient() as service:  # its session ends with the module
+        yield service
 
 
 def _datum(tokens: list[int]) -> types.Datum:
