@@ -3,8 +3,9 @@ served in, and whether that fits the memory of the device it will load on.
 
 Parameters come from the safetensors headers (exact, and read without loading a tensor: from
 the files here, or from the hub with byte ranges before a pull, `hub_download`) or, for other
-formats, from an empty (meta-device) model built from `config.json`. A vision-language model counts both towers, and says how many of its parameters
-are the image encoder's (`vision_parameters`). A quantised base ("int8", "nf4") prices its Linear
+formats, from an empty (meta-device) model built from `config.json`. A vision-language model
+counts both towers, and says how many of its parameters are the image encoder's
+(`vision_parameters`). A quantised base ("int8", "nf4") prices its Linear
 layers (`quantizable_parameters`: every 2-D weight but the embeddings and the output layer) at
 `quantization.BYTES_PER_WEIGHT` and the rest in `dtype`. Only the weights are priced:
 training adds the LoRA weights, their optimizer state and activations, sampling the KV cache;
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,8 @@ def quantizable_parameters(folder: Path) -> int:
     """The weights an int8/nf4 base quantises (`quantization.quantizable_linears`): every 2-D
     weight of the language model but the embeddings and the output layer, from the safetensors
     headers when there are some, else counted on a meta-device model built from config.json."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
-        shards = []
+    shards = safetensors_shards(lambda name: (folder / name).is_file(),
+                                lambda name: (folder / name).read_text())  # fmt: skip
     if shards and all((folder / s).is_file() for s in shards):
         return sum(
             _numel(info["shape"])
@@ -135,12 +131,9 @@ def parameter_counts(folder: Path) -> tuple[int, int]:
 def safetensors_parameters(folder: Path, split_vision: bool = False):
     """Sum of the tensor sizes in the safetensors headers (None: no safetensors weights, or
     a shard the index names is missing); with `split_vision`, (sum, the vision tower's)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
+    shards = safetensors_shards(lambda name: (folder / name).is_file(),
+                                lambda name: (folder / name).read_text())  # fmt: skip
+    if shards is None:
         return None
     paths = [folder / shard for shard in shards]
     if not all(path.is_file() for path in paths):
@@ -152,6 +145,20 @@ def safetensors_parameters(folder: Path, split_vision: bool = False):
         if name != "__metadata__"
     )
     return (total, vision) if split_vision else total
+
+
+def safetensors_shards(
+    exists: Callable[[str], bool], read_text: Callable[[str], str]
+) -> list[str] | None:
+    """The safetensors files transformers loads a model from, given how to tell whether a file
+    of the model exists and read one (a local folder; the hub's file list and downloads): the
+    shards the weight index names, else `model.safetensors`; None when there are neither."""
+    if exists("model.safetensors.index.json"):
+        index = json.loads(read_text("model.safetensors.index.json"))
+        return sorted(set(index.get("weight_map", {}).values()))
+    if exists("model.safetensors"):
+        return ["model.safetensors"]
+    return None
 
 
 def tensor_parameter_counts(tensors: Iterable[tuple[str, Sequence[int]]]) -> tuple[int, int]:

@@ -35,6 +35,7 @@ from tinker_local.engine.models.cost import (
     available_memory,
     config_parameter_counts,
     human_bytes,
+    safetensors_shards,
     tensor_parameter_counts,
 )
 from tinker_local.engine.models.registry import (
@@ -194,14 +195,12 @@ def _hub_parameter_counts(api, repo_id: str, commit: str, files: list[str]) -> t
     headers, fetched with byte ranges; from its `config.json` when its weights are `.bin`."""
     from huggingface_hub import hf_hub_download
 
-    if "model.safetensors.index.json" in files:  # the shards transformers loads, no others
-        index = hf_hub_download(repo_id, "model.safetensors.index.json", revision=commit)
-        shards = sorted(set(json.loads(Path(index).read_text()).get("weight_map", {}).values()))
-    elif "model.safetensors" in files:
-        shards = ["model.safetensors"]
-    else:
-        config_path = hf_hub_download(repo_id, "config.json", revision=commit)
-        return config_parameter_counts(json.loads(Path(config_path).read_text()))
+    def read_text(name: str) -> str:
+        return Path(hf_hub_download(repo_id, name, revision=commit)).read_text()
+
+    shards = safetensors_shards(files.__contains__, read_text)
+    if shards is None:
+        return config_parameter_counts(json.loads(read_text("config.json")))
     return tensor_parameter_counts(
         (name, tensor.shape)
         for shard in shards
