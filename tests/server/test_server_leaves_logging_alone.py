@@ -4,14 +4,19 @@
 uvicorn's default start-up runs `logging.config.dictConfig`, which closes every handler in the
 process: a user's `FileHandler(mode="w")` reopened on its next record and truncated the log,
 and absl's handler (imported by lm-eval's and inspect's dependencies) closed the stderr it had
-grabbed at import, which was pytest's capture file in CI ("I/O operation on closed file")."""
+grabbed at import, which was pytest's capture file in CI ("I/O operation on closed file").
+Nor does the server's first request print a library's warnings into that process's terminal."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+import warnings
 
-from support.fake_engine import fake_server
+import httpx
+from support.fake_engine import fake_server, start_fake_server
 
 
 def test_a_users_log_file_keeps_its_lines_when_a_server_starts(tmp_path):
@@ -52,3 +57,36 @@ def test_a_handler_that_closes_its_stream_is_not_closed(tmp_path):
     finally:
         stream.close()
         del handler
+
+
+def test_the_first_requests_route_building_prints_no_warning_while_other_threads_use_filters():
+    """FastAPI builds its routes' validators at the first request, in the server's thread, hiding
+    a pydantic warning with `warnings.catch_warnings()`, which is not thread-safe: `make run` (CI,
+    once) printed it while the main thread loaded a model. Here another thread restores the
+    filters it saved, as leaving its own `catch_warnings()` does, as often as it can."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")  # every warning reaches `shown`, seen before or not
+        server = start_fake_server()
+        saved = warnings.filters[:]
+        stop = threading.Event()
+
+        def leave_catch_warnings_forever() -> None:
+            while not stop.is_set():
+                warnings.filters = saved[:]
+                warnings._filters_mutated()  # what catch_warnings.__exit__ calls
+                time.sleep(0)
+
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the two threads interleave within each route's build
+        other = threading.Thread(target=leave_catch_warnings_forever)
+        other.start()
+        try:
+            # a path no route matches: the match tries, and so builds, every route
+            answer = httpx.get(server.base_url + "/api/v1/no_such_route", timeout=60)
+        finally:
+            stop.set()
+            other.join()
+            sys.setswitchinterval(switch_interval)
+            server.stop()
+    assert answer.status_code == 404
+    assert [f"{w.category.__name__}: {w.message}" for w in shown] == []

@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pydantic.warnings
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -85,7 +87,24 @@ def _trace(
         )
 
 
+def _silence_fastapi_route_building() -> None:
+    """FastAPI (0.165) builds each route's parameter validators at the first request, in the
+    server's thread, and hides a pydantic warning about its own use of `Field(alias=...)` with
+    `warnings.catch_warnings()`. That context manager is not thread-safe: another thread leaving
+    one (transformers does, loading a model) restores the filters it saved and the warning
+    escapes, one line per route parameter, into a user's terminal. A filter in the process-wide
+    list survives every such restore. It only hides pydantic's notice that an alias has no effect
+    outside a model field."""
+    category = getattr(pydantic.warnings, "UnsupportedFieldAttributeWarning", None)  # >= 2.12
+    if category is not None:
+        warnings.filterwarnings(
+            "ignore", message=r"The 'alias' attribute with value ", category=category
+        )
+
+
 def create_app(svc: Service) -> FastAPI:
+    _silence_fastapi_route_building()
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.get_running_loop().create_task(sessions.sweep_forever(svc))
