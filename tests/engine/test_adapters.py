@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+import warnings
+
 import pytest
 import torch
 
 from tinker_local.engine.errors import EngineError
+from tinker_local.engine.lora import adapters
 from tinker_local.engine.lora.adapters import LORA_ALPHA, AdapterPool, LoraSpec
 from tinker_local.engine.sampling.sampler import BASE_ADAPTER
 from tinker_local.engine.training.logprobs import Sequence, sequence_logprobs
@@ -196,3 +202,36 @@ def test_remove_frees_parameters_and_base_keeps_working(pool):
             bare = pool.model(input_ids=tokens).logits
     assert torch.equal(mixed, bare)
     pool.create("a", LoraSpec(rank=4, seed=1))  # a removed key can be reused
+
+
+def test_peft_says_nothing_while_another_thread_restores_the_filters_it_saved(tiny_base):
+    """The engine adds and deletes adapters in its worker thread while the user's threads run;
+    a thread leaving `warnings.catch_warnings()` restores the filters it saved. `make run` once
+    printed peft's tied-embedding notice that way (the engine hid it in a block of its own).
+    Here another thread does that restore as often as it can, around a pool's whole life."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")  # every warning reaches `shown`
+        adapters._silence_peft_notices()  # as importing the engine did, at start-up
+        saved = warnings.filters[:]
+        stop = threading.Event()
+
+        def leave_catch_warnings_forever() -> None:
+            while not stop.is_set():
+                warnings.filters = saved[:]
+                warnings._filters_mutated()  # what catch_warnings.__exit__ calls
+                time.sleep(0)
+
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        other = threading.Thread(target=leave_catch_warnings_forever)
+        other.start()
+        try:
+            pool = AdapterPool("tiny", tiny_base.model)
+            pool.create("a", LoraSpec(rank=4, seed=1))
+            pool.remove("a")
+        finally:
+            stop.set()
+            other.join()
+            sys.setswitchinterval(switch_interval)
+    assert tiny_base.model.config.tie_word_embeddings  # what peft would have a notice about
+    assert [f"{w.filename}: {w.message}" for w in shown if "/peft/" in w.filename] == []

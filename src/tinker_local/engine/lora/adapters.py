@@ -61,7 +61,25 @@ LORA_ALPHA = DEFAULT_LORA_ALPHA  # the default; each adapter's own is in its Lor
 _ANCHOR = "pool_anchor"
 _ATTN = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP = re.compile(r"mlp|feed_forward|ffn", re.IGNORECASE)
-_TIED_WARNING = r".*tie_word_embeddings.*"
+# What peft says on every adapter added to, or deleted from, a model like ours: the pool's
+# layout is deliberate (a tied output layer is adapted; the anchor keeps an adapter active).
+_PEFT_NOTICES = (
+    r".*tie_word_embeddings.*",
+    r".*is_gradient_checkpointing.*",
+    r".*was active which is now deleted.*",
+)
+
+
+def _silence_peft_notices() -> None:
+    """Filters in the process-wide list, not `warnings.catch_warnings()` blocks: the engine runs
+    in a thread (of a user's process, for the embedded server), and another thread leaving its
+    own block restores the filters it saved, undoing ours mid-call (a notice then reached `make
+    run`'s terminal). Adding the same filter again only moves it to the front."""
+    for message in _PEFT_NOTICES:
+        warnings.filterwarnings("ignore", message=message)
+
+
+_silence_peft_notices()
 
 
 def linear_module_groups(model: nn.Module) -> dict[str, list[str]]:
@@ -123,11 +141,9 @@ class AdapterPool:
         if not all_linear:
             raise EngineError(f"{base_name}: found no attention or MLP Linear layers", "server")
         anchor = LoraConfig(r=1, lora_alpha=1, lora_dropout=0.0, target_modules=[all_linear[0]])
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_TIED_WARNING)
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-            with torch.random.fork_rng(devices=[]):
-                self.model = get_peft_model(model, anchor, adapter_name=_ANCHOR)
+        _silence_peft_notices()  # again: a caller's catch_warnings may have dropped them
+        with torch.random.fork_rng(devices=[]):
+            self.model = get_peft_model(model, anchor, adapter_name=_ANCHOR)
         # peft refuses per-row adapter_names in training mode, and we never want dropout.
         self.model.eval()
         self.model.set_adapter(_ANCHOR, inference_mode=True)
@@ -215,9 +231,8 @@ class AdapterPool:
 
     def remove(self, key: str) -> None:
         name = self.adapter_name(key)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
-            self.model.delete_adapter(name)
+        _silence_peft_notices()
+        self.model.delete_adapter(name)
         del self._names[key]
         self._dropout_rng.pop(key, None)
         # peft may have activated some other adapter (and made it trainable): undo that.
@@ -229,11 +244,10 @@ class AdapterPool:
         self._counter += 1
         name = f"adapter_{self._counter}"
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_TIED_WARNING)
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed)
-                    self.model.add_adapter(name, config)
+            _silence_peft_notices()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                self.model.add_adapter(name, config)
         except ValueError as error:  # e.g. target modules that this base does not have
             raise user_error(f"cannot add adapter to {self.base_name}: {error}") from None
         self.model.set_requires_grad(name, requires_grad=False)
