@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 import warnings
 
 import pytest
 import torch
+from support.warning_races import filters_restored_by_another_thread
 
 from tinker_local.engine.errors import EngineError
 from tinker_local.engine.lora import adapters
@@ -212,26 +210,9 @@ def test_peft_says_nothing_while_another_thread_restores_the_filters_it_saved(ti
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")  # every warning reaches `shown`
         adapters._silence_peft_notices()  # as importing the engine did, at start-up
-        saved = warnings.filters[:]
-        stop = threading.Event()
-
-        def leave_catch_warnings_forever() -> None:
-            while not stop.is_set():
-                warnings.filters = saved[:]
-                warnings._filters_mutated()  # what catch_warnings.__exit__ calls
-                time.sleep(0)
-
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)
-        other = threading.Thread(target=leave_catch_warnings_forever)
-        other.start()
-        try:
+        with filters_restored_by_another_thread():
             pool = AdapterPool("tiny", tiny_base.model)
             pool.create("a", LoraSpec(rank=4, seed=1))
             pool.remove("a")
-        finally:
-            stop.set()
-            other.join()
-            sys.setswitchinterval(switch_interval)
     assert tiny_base.model.config.tie_word_embeddings  # what peft would have a notice about
     assert [f"{w.filename}: {w.message}" for w in shown if "/peft/" in w.filename] == []

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
-import time
 import warnings
 
 import httpx
 from support.fake_engine import fake_server, start_fake_server
+from support.warning_races import filters_restored_by_another_thread
 
 
 def test_a_users_log_file_keeps_its_lines_when_a_server_starts(tmp_path):
@@ -67,26 +66,11 @@ def test_the_first_requests_route_building_prints_no_warning_while_other_threads
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")  # every warning reaches `shown`, seen before or not
         server = start_fake_server()
-        saved = warnings.filters[:]
-        stop = threading.Event()
-
-        def leave_catch_warnings_forever() -> None:
-            while not stop.is_set():
-                warnings.filters = saved[:]
-                warnings._filters_mutated()  # what catch_warnings.__exit__ calls
-                time.sleep(0)
-
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)  # the two threads interleave within each route's build
-        other = threading.Thread(target=leave_catch_warnings_forever)
-        other.start()
         try:
-            # a path no route matches: the match tries, and so builds, every route
-            answer = httpx.get(server.base_url + "/api/v1/no_such_route", timeout=60)
+            with filters_restored_by_another_thread():
+                # a path no route matches: the match tries, and so builds, every route
+                answer = httpx.get(server.base_url + "/api/v1/no_such_route", timeout=60)
         finally:
-            stop.set()
-            other.join()
-            sys.setswitchinterval(switch_interval)
             server.stop()
     assert answer.status_code == 404
     assert [f"{w.category.__name__}: {w.message}" for w in shown] == []
