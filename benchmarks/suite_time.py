@@ -12,6 +12,13 @@ at least CPU / 2.
 
     .venv/bin/python benchmarks/suite_time.py --label after -- -n 2 --dist loadfile
     .venv/bin/python benchmarks/suite_time.py --label serial
+    .venv/bin/python benchmarks/suite_time.py --label census --census -- -n 3 --dist loadfile
+
+`--census` also counts the new Python interpreters the run starts (each costs seconds of
+imports; a child the tests fork from their fork server is not one) and their CPU seconds, by
+the test that started them: a `sitecustomize` module on the run's PYTHONPATH records each
+interpreter's start and, at exit, its own CPU time. An interpreter killed by a signal records
+no exit ("unlogged"). It shadows any other `sitecustomize` for the run.
 
 Prints a table and writes benchmarks/results/suite_time-<label>.json.
 """
@@ -23,9 +30,12 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from machine import cpu_name
@@ -35,15 +45,66 @@ RESULTS = Path(__file__).parent / "results"
 _DURATION = re.compile(r"^\s*([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$")
 _SUMMARY = re.compile(r"^=*\s*(\d.*\b(passed|failed|errors?)\b.*) in [\d.]+s")  # -q or not
 
+# Written as `sitecustomize.py` into a folder on the run's PYTHONPATH: every new interpreter
+# imports it at start-up. A process forked from one runs its atexit handlers too: the pid check
+# keeps those from reporting as the interpreter they were forked from.
+_CENSUS_MODULE = """
+import atexit, json, os, resource, sys, time
+_LOG = os.environ.get("SUITE_TIME_CENSUS_LOG")
+_PID = os.getpid()
+def _write(record):
+    with open(_LOG, "a") as log:
+        log.write(json.dumps(record) + "\\n")
+def _exit():
+    if os.getpid() == _PID:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _write({"pid": _PID, "cpu_s": usage.ru_utime + usage.ru_stime})
+if _LOG:
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = [a.decode(errors="replace") for a in f.read().split(b"\\0") if a]
+    _write({"pid": _PID, "argv": argv[1:4], "test": os.environ.get("PYTEST_CURRENT_TEST", "")})
+    atexit.register(_exit)
+"""
 
 
-def run(pytest_args: list[str], durations: int) -> dict:
+def census_summary(log: Path) -> dict:
+    """Interpreters by the test file whose test started them (its PYTEST_CURRENT_TEST)."""
+    started: dict[int, dict] = {}
+    cpu: dict[int, float] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        record = json.loads(line)
+        if "cpu_s" in record:
+            cpu[record["pid"]] = record["cpu_s"]
+        else:
+            started[record["pid"]] = record
+    by_file: dict[str, dict] = defaultdict(lambda: {"interpreters": 0, "cpu_s": 0.0, "unlogged": 0})
+    for pid, record in started.items():
+        where = record["test"].split("::")[0] or "(outside a test: " + " ".join(record["argv"])[:60] + ")"
+        row = by_file[where]
+        row["interpreters"] += 1
+        if pid in cpu:
+            row["cpu_s"] = round(row["cpu_s"] + cpu[pid], 1)
+        else:
+            row["unlogged"] += 1
+    return {
+        "interpreters": len(started),
+        "cpu_s": round(sum(cpu.values()), 1),
+        "by_test_file": dict(sorted(by_file.items(), key=lambda kv: -kv[1]["cpu_s"])),
+    }
+
+
+def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
     load_before = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     # A run of its own: none of a calling pytest's (or xdist worker's) test folders or homes.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "TINKER_LOCAL_TEST_")) and k != "TINKER_LOCAL_HOME"}
+    census_dir = Path(tempfile.mkdtemp(prefix="suite-census-")) if census else None
+    if census_dir is not None:
+        (census_dir / "sitecustomize.py").write_text(_CENSUS_MODULE)
+        env["SUITE_TIME_CENSUS_LOG"] = str(census_dir / "interpreters.jsonl")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(census_dir), env.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *pytest_args],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
@@ -56,6 +117,10 @@ def run(pytest_args: list[str], durations: int) -> dict:
         if match:
             slowest.append({"seconds": float(match[1]), "phase": match[2], "test": match[3]})
     summary = next((m[1] for m in map(_SUMMARY.search, done.stdout.splitlines()) if m), "")
+    interpreters = None
+    if census_dir is not None:
+        interpreters = census_summary(census_dir / "interpreters.jsonl")
+        shutil.rmtree(census_dir, ignore_errors=True)
     return {
         "pytest_args": pytest_args,
         "returncode": done.returncode,
@@ -70,6 +135,7 @@ def run(pytest_args: list[str], durations: int) -> dict:
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "slowest": slowest,
+        "new_interpreters": interpreters,
         "output_tail": done.stdout[-4000:] + done.stderr[-2000:],
     }
 
@@ -82,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="time one small test file (checks the script itself)"
     )
+    parser.add_argument("--census", action="store_true",
+                        help="also count the new interpreters the run starts, by test file")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args
     if args.smoke:
         pytest_args = [*pytest_args, "-p", "no:cacheprovider", "tests/eval/test_paired.py"]
-    result = run(pytest_args, args.durations)
+    result = run(pytest_args, args.durations, census=args.census)
     out = args.out or RESULTS / f"suite_time-{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -106,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nslowest {len(result['slowest'])}:")
     for row in result["slowest"][:15]:
         print(f"  {row['seconds']:8.1f}s {row['phase']:<8} {row['test']}")
+    census = result["new_interpreters"]
+    if census is not None:
+        print(f"\nnew interpreters: {census['interpreters']}, {census['cpu_s']:.0f} s of CPU "
+              "among those that exited (a killed one is 'unlogged'); by test file:")
+        for where, row in list(census["by_test_file"].items())[:20]:
+            print(f"  {row['cpu_s']:7.1f} s  {row['interpreters']:3d} "
+                  f"({row['unlogged']} unlogged)  {where}")
     print(f"\nwrote {out}")
     return 0 if result["returncode"] == 0 else 1
 

@@ -36,7 +36,7 @@ OUTPUT = {
     "sft_pipeline_demo": ("--log-dir", "dir", []),
     "sft_throughput": ("--out", "dir", []),
     "startup": ("--out", "file", []),
-    "suite_time": ("--out", "file", []),
+    "suite_time": ("--out", "file", ["--census"]),
     "train_memory": ("--out", "dir", []),
     "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there
     "verifier_worst_case": ("--out", "file", []),
@@ -83,6 +83,11 @@ def test_benchmark_script_runs_to_the_end(name, tmp_path, tiny_model_folder):
         assert (without["mode"], with_cache["mode"]) == ("without_cache", "with_cache")
         assert without["prompt_tokens_from_cache"] == 0 < with_cache["prompt_tokens_from_cache"]
         assert len(without["step_seconds"]) == len(with_cache["step_seconds"]) == 2
+    if name == "suite_time":  # the census counted the pytest it started, and its CPU
+        census = json.loads((tmp_path / "suite_time.json").read_text())["new_interpreters"]
+        (pytest_row,) = [row for where, row in census["by_test_file"].items()
+                         if where.startswith("(outside a test: -m pytest")]
+        assert pytest_row["interpreters"] == 1 and pytest_row["cpu_s"] > 0, census
     if name == "sampler":
         runs = json.loads((tmp_path / "sampler.json").read_text())["runs"]
         assert sorted(r["engine"] for r in runs) == ["generate", "ours", "ours_lora"]
