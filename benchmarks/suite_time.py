@@ -1,6 +1,6 @@
 """How long the pytest part of `make test` takes here: wall time, CPU time, and the slowest tests.
 
-Runs `python -m pytest -q -rs --durations=N [PYTEST ARGS...]` from the repository root as a
+Runs `python -m pytest -q -rfEs --durations=N [PYTEST ARGS...]` from the repository root as a
 child process and reports its wall time and the CPU seconds of the whole process tree that was
 waited for (pytest, its xdist workers and every server, recipe and command they started and
 waited for: `resource.getrusage(RUSAGE_CHILDREN)`), the machine's load averages before and
@@ -106,7 +106,7 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
         env["SUITE_TIME_CENSUS_LOG"] = str(census_dir / "interpreters.jsonl")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(census_dir), env.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *pytest_args],
+        [sys.executable, "-m", "pytest", "-q", "-rfEs", f"--durations={durations}", *pytest_args],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.perf_counter() - started
@@ -117,6 +117,8 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
         if match:
             slowest.append({"seconds": float(match[1]), "phase": match[2], "test": match[3]})
     summary = next((m[1] for m in map(_SUMMARY.search, done.stdout.splitlines()) if m), "")
+    # pytest's short summary: which tests failed or errored, whatever the output's tail keeps
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     interpreters = None
     if census_dir is not None:
         interpreters = census_summary(census_dir / "interpreters.jsonl")
@@ -135,6 +137,7 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "slowest": slowest,
+        "failed": failed,
         "new_interpreters": interpreters,
         "output_tail": done.stdout[-4000:] + done.stderr[-2000:],
     }
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         ("machine", f"{result['cpu']}, {result['cores']} cores"),
     ):
         print(f"| {name} | {value} |")
+    for line in result["failed"]:
+        print(line)
     print(f"\nslowest {len(result['slowest'])}:")
     for row in result["slowest"][:15]:
         print(f"  {row['seconds']:8.1f}s {row['phase']:<8} {row['test']}")
