@@ -27,6 +27,7 @@ EXAMPLE_NAMES = {
     "script.py",
     "my_task.py",  # docs/cookbook.md: the reader's own inspect task file
     "main.py",  # sandbox/: the program file a sandbox run writes
+    "sitecustomize.py",  # benchmarks/suite_time.py --census: written for the run it times
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository
 }
 PY_REFERENCE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")
