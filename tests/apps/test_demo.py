@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from support import processes
 
 from tinker_local.apps.demo import demo_config, report
@@ -37,6 +38,39 @@ def test_report_shows_accuracy_intervals_and_answers_before_after(tmp_path):
     assert "step   0:   9.5%" in text and "step  40:  72.0%" in text
     assert "[" in text.splitlines()[2]  # the 80% Jeffreys interval
     assert "'What is 23 + 58?': 'To add 23 and 58, we' -> '81'" in text
+
+
+def test_a_second_make_run_shows_the_finished_run_without_loading_a_model(
+    tmp_path, monkeypatch, capsys
+):
+    """`make run` when its folder holds a finished run (`runs/rl-demo-seed0` from an earlier
+    `make run`): it says so and prints that run's results, and opens no session (before, it
+    loaded the model and timed a step, ~1 min, then reported "0.0 min")."""
+    from tinker_local.apps import demo
+    from tinker_local.rl.checkpoints import CheckpointRecord, append_record
+
+    def no_session(*_args, **_kwargs):
+        raise AssertionError("a finished run needs no server")
+
+    monkeypatch.setattr(demo, "command_session", no_session)
+    _write(tmp_path / "metrics.jsonl", [{"step": 0, "eval/correct": 0.1, "eval/n": 20.0},
+                                        {"step": 3, "eval/correct": 0.5, "eval/n": 20.0}])
+    _write(tmp_path / "transcripts.jsonl", [_eval_row(0, "What is 1 + 2?", "3?"),
+                                            _eval_row(3, "What is 1 + 2?", "1 + 2 = 3")])
+    append_record(tmp_path, CheckpointRecord(step=3, state_path="tinker://r:train:0/weights/final",
+                                             data_cursor=3, final=True,
+                                             base_model="tinker-local/tiny-llama"))
+    argv = ["--steps", "3", "--base-model", "tinker-local/tiny-llama", "--log-dir", str(tmp_path)]
+    assert demo.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path} holds a finished run (3 steps on tinker-local/tiny-llama)" in out
+    assert "two-digit addition, trained by an earlier run" in out
+    assert "step   3:  50.0%" in out and "'What is 1 + 2?': '3?' -> '1 + 2 = 3'" in out
+
+    # A run that stopped before its last step is not finished: the demo trains (here: would
+    # open its session) to resume it.
+    with pytest.raises(AssertionError, match="needs no server"):
+        demo.main([*argv[:1], "5", *argv[2:]])
 
 
 def test_demo_recipe_is_the_measured_one(tmp_path):

@@ -37,7 +37,9 @@ from tinker_local.apps.progress import ProgressDisplay, RunClock
 from tinker_local.apps.run_timing import TimingRecord
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.stats import jeffreys_interval
+from tinker_local.rl import checkpoints
 from tinker_local.rl.config import RLConfig
+from tinker_local.rl.resume import is_finished
 from tinker_local.rl.train import TrainResult, run
 from tinker_local.tasks import arithmetic
 
@@ -96,14 +98,14 @@ def _answers(log_dir: Path, step: int) -> list[tuple[str, str]]:
 
 def report(
     result: TrainResult,
-    seconds: float,
+    seconds: float | None,
     *,
     base_model: str = DEFAULT_BASE_MODEL,
     expected: warmup.Estimate | None = None,
 ) -> str:
     log_dir = Path(result.log_dir)
     evals = _eval_rows(log_dir)
-    took = f"{seconds / 60:.1f} min"
+    took = "trained by an earlier run" if seconds is None else f"{seconds / 60:.1f} min"
     if expected is not None:
         took += f" (expected {expected.describe()})"
     lines = [f"RL demo: {base_model}, two-digit addition, {took}"]
@@ -175,6 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return train, test
 
+    finished = checkpoints.last_record(log_dir)
+    if is_finished(finished, cfg):
+        # `make run` again: this folder's run is done. Show it, rather than load the model and
+        # time a step that nothing follows.
+        assert finished is not None
+        print(f"{log_dir} holds a finished run ({finished.step} steps on {finished.base_model}): "
+              "its results follow. To train again, delete that folder, or pass --seed or "
+              "--log-dir.", flush=True)
+        done = TrainResult(finished.step, log_dir, finished.state_path, finished.sampler_path, {})
+        print(report(done, None, base_model=finished.base_model))
+        return 0
     with command_session(args.base_url) as client:
         console_url = register_log_dir(log_dir, "rl", args.base_url)  # an RL run to the console
         if console_url is not None:
