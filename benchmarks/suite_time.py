@@ -49,7 +49,7 @@ _SUMMARY = re.compile(r"^=*\s*(\d.*\b(passed|failed|errors?)\b.*) in [\d.]+s")  
 # imports it at start-up. A process forked from one runs its atexit handlers too: the pid check
 # keeps those from reporting as the interpreter they were forked from.
 _CENSUS_MODULE = """
-import atexit, json, os, resource, sys, time
+import atexit, json, os, resource
 _LOG = os.environ.get("SUITE_TIME_CENSUS_LOG")
 _PID = os.getpid()
 def _write(record):
@@ -83,9 +83,11 @@ def census_summary(log: Path) -> dict:
         row = by_file[where]
         row["interpreters"] += 1
         if pid in cpu:
-            row["cpu_s"] = round(row["cpu_s"] + cpu[pid], 1)
+            row["cpu_s"] += cpu[pid]
         else:
             row["unlogged"] += 1
+    for row in by_file.values():
+        row["cpu_s"] = round(row["cpu_s"], 1)
     return {
         "interpreters": len(started),
         "cpu_s": round(sum(cpu.values()), 1),

@@ -60,8 +60,11 @@ def test_a_second_make_run_shows_the_finished_run_without_loading_a_model(
     append_record(tmp_path, CheckpointRecord(step=3, state_path="tinker://r:train:0/weights/final",
                                              data_cursor=3, final=True,
                                              base_model="tinker-local/tiny-llama"))
-    argv = ["--steps", "3", "--base-model", "tinker-local/tiny-llama", "--log-dir", str(tmp_path)]
-    assert demo.main(argv) == 0
+    def argv(steps: int) -> list[str]:
+        return ["--steps", str(steps), "--base-model", "tinker-local/tiny-llama",
+                "--log-dir", str(tmp_path)]
+
+    assert demo.main(argv(3)) == 0
     out = capsys.readouterr().out
     assert f"{tmp_path} holds a finished run (3 steps on tinker-local/tiny-llama)" in out
     assert "two-digit addition, trained by an earlier run" in out
@@ -70,7 +73,7 @@ def test_a_second_make_run_shows_the_finished_run_without_loading_a_model(
     # A run that stopped before its last step is not finished: the demo trains (here: would
     # open its session) to resume it.
     with pytest.raises(AssertionError, match="needs no server"):
-        demo.main([*argv[:1], "5", *argv[2:]])
+        demo.main(argv(5))
 
 
 def test_demo_recipe_is_the_measured_one(tmp_path):
