@@ -20,7 +20,13 @@ the test that started them: a `sitecustomize` module on the run's PYTHONPATH rec
 interpreter's start and, at exit, its own CPU time. An interpreter killed by a signal records
 no exit ("unlogged"). It shadows any other `sitecustomize` for the run.
 
-Prints a table and writes benchmarks/results/suite_time-<label>.json.
+Every run also records, through a small pytest plugin, when each xdist worker ran each test
+phase: per worker, how long it took to start its first test, the seconds its tests took, its idle
+time between them and how long before the run's end it finished (on one core per worker, the time
+a worker spends without a test is time the run waits for the others).
+
+Prints a table and writes benchmarks/results/suite_time-<label>.json, and pytest's whole output
+beside it (`.log`).
 """
 
 from __future__ import annotations
@@ -66,6 +72,38 @@ if _LOG:
     atexit.register(_exit)
 """
 
+# Loaded with `-p suite_time_workers` from a folder on the run's PYTHONPATH. Only the controller
+# (xdist's, or the lone pytest) records: each report says which worker ran it, and when.
+_WORKERS_PLUGIN = """
+import json, os
+def pytest_runtest_logreport(report):
+    log = os.environ.get("SUITE_TIME_WORKERS_LOG")
+    node = getattr(report, "node", None)
+    if log and report.stop and not os.environ.get("PYTEST_XDIST_WORKER"):
+        worker = node.gateway.id if node is not None else "main"
+        with open(log, "a") as out:
+            out.write(json.dumps([worker, report.start, report.stop]) + "\\n")
+"""
+
+
+def worker_summary(log: Path, started: float, ended: float) -> dict[str, dict]:
+    """Per worker: seconds before its first test, in tests, idle between tests, and from its
+    last test to the end of the run (epoch `started` and `ended` bound the run)."""
+    phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            worker, start, stop = json.loads(line)
+            phases[worker].append((start, stop))
+    summary = {}
+    for worker, spans in sorted(phases.items()):
+        first, last = min(s for s, _ in spans), max(e for _, e in spans)
+        busy = sum(e - s for s, e in spans)
+        summary[worker] = {"before_first_test_s": round(first - started, 1),
+                           "in_tests_s": round(busy, 1),
+                           "idle_between_tests_s": round(last - first - busy, 1),
+                           "after_last_test_s": round(ended - last, 1)}  # fmt: skip
+    return summary
+
 
 def census_summary(log: Path) -> dict:
     """Interpreters by the test file whose test started them (its PYTEST_CURRENT_TEST)."""
@@ -102,16 +140,21 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
     # A run of its own: none of a calling pytest's (or xdist worker's) test folders or homes.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "TINKER_LOCAL_TEST_")) and k != "TINKER_LOCAL_HOME"}
-    census_dir = Path(tempfile.mkdtemp(prefix="suite-census-")) if census else None
-    if census_dir is not None:
-        (census_dir / "sitecustomize.py").write_text(_CENSUS_MODULE)
-        env["SUITE_TIME_CENSUS_LOG"] = str(census_dir / "interpreters.jsonl")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(census_dir), env.get("PYTHONPATH")]))
+    helpers = Path(tempfile.mkdtemp(prefix="suite-time-"))
+    (helpers / "suite_time_workers.py").write_text(_WORKERS_PLUGIN)
+    env["SUITE_TIME_WORKERS_LOG"] = str(helpers / "workers.jsonl")
+    if census:
+        (helpers / "sitecustomize.py").write_text(_CENSUS_MODULE)
+        env["SUITE_TIME_CENSUS_LOG"] = str(helpers / "interpreters.jsonl")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(helpers), env.get("PYTHONPATH")]))
+    started_epoch = time.time()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfEs", f"--durations={durations}", *pytest_args],
+        [sys.executable, "-m", "pytest", "-q", "-rfEs", f"--durations={durations}",
+         "-p", "suite_time_workers", *pytest_args],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.perf_counter() - started
+    workers = worker_summary(helpers / "workers.jsonl", started_epoch, time.time())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     slowest = []
     for line in done.stdout.splitlines():
@@ -121,10 +164,8 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
     summary = next((m[1] for m in map(_SUMMARY.search, done.stdout.splitlines()) if m), "")
     # pytest's short summary: which tests failed or errored, whatever the output's tail keeps
     failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    interpreters = None
-    if census_dir is not None:
-        interpreters = census_summary(census_dir / "interpreters.jsonl")
-        shutil.rmtree(census_dir, ignore_errors=True)
+    interpreters = census_summary(helpers / "interpreters.jsonl") if census else None
+    shutil.rmtree(helpers, ignore_errors=True)
     return {
         "pytest_args": pytest_args,
         "returncode": done.returncode,
@@ -140,8 +181,10 @@ def run(pytest_args: list[str], durations: int, census: bool = False) -> dict:
         "cores": os.cpu_count(),
         "slowest": slowest,
         "failed": failed,
+        "workers": workers,
         "new_interpreters": interpreters,
         "output_tail": done.stdout[-4000:] + done.stderr[-2000:],
+        "output": done.stdout + done.stderr,
     }
 
 
@@ -163,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(pytest_args, args.durations, census=args.census)
     out = args.out or RESULTS / f"suite_time-{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    # pytest's whole output, for a failure whose report the JSON's tail cut off
+    out.with_suffix(".log").write_text(result.pop("output"))
     out.write_text(json.dumps(result, indent=2) + "\n")
     cpu = result["cpu_user_s"] + result["cpu_system_s"]
     print(f"| {args.label} | {' '.join(pytest_args) or '(serial)'} |")
@@ -181,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nslowest {len(result['slowest'])}:")
     for row in result["slowest"][:15]:
         print(f"  {row['seconds']:8.1f}s {row['phase']:<8} {row['test']}")
+    print("\nper worker, seconds: before its first test, in tests, idle between them, after its last")
+    for worker, row in result["workers"].items():
+        print(f"  {worker:<6}" + "".join(f"{v:>9.1f}" for v in row.values()))
     census = result["new_interpreters"]
     if census is not None:
         print(f"\nnew interpreters: {census['interpreters']}, {census['cpu_s']:.0f} s of CPU "

@@ -84,7 +84,11 @@ def test_benchmark_script_runs_to_the_end(name, tmp_path, tiny_model_folder):
         assert without["prompt_tokens_from_cache"] == 0 < with_cache["prompt_tokens_from_cache"]
         assert len(without["step_seconds"]) == len(with_cache["step_seconds"]) == 2
     if name == "suite_time":  # the census counted the pytest it started, and its CPU
-        census = json.loads((tmp_path / "suite_time.json").read_text())["new_interpreters"]
+        timed = json.loads((tmp_path / "suite_time.json").read_text())
+        census = timed["new_interpreters"]
+        # no xdist: the one pytest process ran every test, and its whole output is kept
+        assert list(timed["workers"]) == ["main"] and timed["workers"]["main"]["in_tests_s"] > 0
+        assert " passed" in (tmp_path / "suite_time.log").read_text()
         (pytest_row,) = [row for where, row in census["by_test_file"].items()
                          if where.startswith("(outside a test: -m pytest")]
         assert pytest_row["interpreters"] == 1 and pytest_row["cpu_s"] > 0, census

@@ -28,6 +28,7 @@ EXAMPLE_NAMES = {
     "my_task.py",  # docs/cookbook.md: the reader's own inspect task file
     "main.py",  # sandbox/: the program file a sandbox run writes
     "sitecustomize.py",  # benchmarks/suite_time.py --census: written for the run it times
+    "suite_time_workers.py",  # benchmarks/suite_time.py: its pytest plugin, written likewise
     "tests/__init__.py",  # tasks/repo_bank.py: a file of a generated repository
 }
 PY_REFERENCE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")
