@@ -7,6 +7,7 @@ comparison is with Python itself, not with what this file expects Python to do.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -170,8 +171,11 @@ def test_a_forked_child_starts_with_the_heavy_imports_done() -> None:
 def test_a_child_whose_fork_server_died_has_no_made_up_exit_code(monkeypatch) -> None:
     """If the fork server goes away first, nothing reports how the child ended: waiting says
     so instead of returning a code a test could take for the child's."""
-    # A fork server of this test's own: this worker's may have children alive (`served`).
-    server = processes._ForkServer()
+    # A fork server of this test's own: this worker's may have children alive (`served`). It
+    # and the one that replaces it skip the heavy imports, which these children do not need.
+    light = functools.partial(processes._ForkServer, preload=False)
+    monkeypatch.setattr(processes, "_ForkServer", light)
+    server = light()
     monkeypatch.setattr(processes, "_server", server)
     proc = processes.Popen([PY, "-c", "import time; time.sleep(60)"])
     assert proc.forked

@@ -112,16 +112,21 @@ _SUITE_ENV = dict(os.environ)
 
 
 class _ForkServer:
-    """One fork server per test process, started on first use with the suite's environment."""
+    """One fork server per test process, started on first use with the suite's environment.
+    `preload=False` skips the heavy imports (seconds of CPU): for tests of the fork server
+    itself, whose children import nothing heavy."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: bool = True) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = dict(_SUITE_ENV)
         # What its imports print (torchao's, say) goes to a log, not into pytest's output.
         self.log = Path(tempfile.gettempdir()) / f"tinker-local-fork-server-{os.getpid()}.log"
+        argv = [sys.executable, str(ZYGOTE), str(theirs.fileno())]
+        if not preload:
+            argv.append("--no-preload")
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(ZYGOTE), str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                argv, pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
             )  # fmt: skip
         theirs.close()

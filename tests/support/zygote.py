@@ -1,4 +1,4 @@
-"""The fork server behind tests/support/processes.py: `python zygote.py FD`.
+"""The fork server behind tests/support/processes.py: `python zygote.py FD [--no-preload]`.
 
 It imports once what nearly every Python process the suite starts imports (torch, transformers
 and peft, the tinker SDK, the server and engine, the cookbook), then waits on the Unix socket
@@ -202,7 +202,8 @@ def become(request: dict, fds: list[int]) -> None:
 def main() -> tuple[dict, list[int]]:
     conn = socket.socket(fileno=int(sys.argv[1]))
     sys.path[0] = os.getcwd()  # not this folder: the helpers beside it are not the children's
-    preload()
+    if "--no-preload" not in sys.argv[2:]:
+        preload()
     # What a fork cannot share: threads (the children would inherit their locks, not them) and
     # temporary folders that each process removes when it exits.
     assert threading.active_count() == 1, f"preloading started threads: {threading.enumerate()}"
