@@ -133,9 +133,12 @@ def _no_variable_read_at_import_left_behind() -> Iterator[None]:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Delete the run's temporary folder (it holds a ~550 MB converted model) once, in the
-    process that made it; a reused TINKER_LOCAL_TEST_HOME is kept."""
+    process that made it; a reused TINKER_LOCAL_TEST_HOME is kept. Then freeze what the tests
+    made, as the product's commands do at exit (apps/startup.py `freeze_heap_at_exit`): the
+    interpreter's shutdown would walk it in full collections."""
     if _made_here and not hasattr(config, "workerinput"):
         shutil.rmtree(_base_path, ignore_errors=True)
+    gc.freeze()
 
 
 # Shared model fixtures. Imports stay inside them (see above).

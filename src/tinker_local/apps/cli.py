@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from tinker_local.apps.startup import freeze_heap_at_exit
+
 Main = Callable[[list[str]], "int | None"]
 
 # Each loader imports its command only when it runs, so `--help` stays instant; the imports sit
@@ -151,6 +153,7 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_heap_at_exit()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

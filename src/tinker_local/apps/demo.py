@@ -35,6 +35,7 @@ from tinker_local.apps.connect import command_session, register_log_dir
 from tinker_local.apps.offline import go_offline_if_hub_unreachable
 from tinker_local.apps.progress import ProgressDisplay, RunClock
 from tinker_local.apps.run_timing import TimingRecord
+from tinker_local.apps.startup import freeze_heap_at_exit
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.stats import jeffreys_interval
 from tinker_local.rl import checkpoints
@@ -130,6 +131,7 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_heap_at_exit()
     parser = argparse.ArgumentParser(prog="python -m tinker_local.apps.demo", description=__doc__)
     parser.add_argument("--log-dir", default=None, help="default runs/rl-demo-seed<seed>")
     parser.add_argument("--steps", type=int, default=60)

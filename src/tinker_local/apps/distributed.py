@@ -21,7 +21,7 @@ import sys
 import threading
 
 from tinker_local.apps.serve import _setup_logging, serve_parser, serve_with
-from tinker_local.apps.startup import import_engine_stack
+from tinker_local.apps.startup import freeze_heap_at_exit, import_engine_stack
 
 logger = logging.getLogger("tinker_local.server")
 
@@ -31,6 +31,7 @@ RESTART_GRACE_S = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_heap_at_exit()
     # `kill -USR1 <pid>` prints every thread's stack (a rank that seems stuck).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = serve_parser()
