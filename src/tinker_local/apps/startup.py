@@ -18,8 +18,6 @@ from __future__ import annotations
 import atexit
 import gc
 
-_freezes_at_exit = False
-
 
 def import_engine_stack(*, freeze: bool) -> None:
     """Import the engine's and the server's libraries with the collector paused, then collect
@@ -53,8 +51,7 @@ def freeze_heap_at_exit() -> None:
     interpreter's shutdown collects. The objects are still released when their modules are torn
     down and every other atexit handler still runs; only cycles among them are left to the end
     of the process. Measured with benchmarks/startup.py ("exit CPU s"). For the entry points of
-    our own commands, not for a library call in a user's process."""
-    global _freezes_at_exit
-    if not _freezes_at_exit:
-        atexit.register(gc.freeze)
-        _freezes_at_exit = True
+    our own commands, not for a library call in a user's process. Calling it again (the CLI run
+    in process, say) leaves one registration."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
