@@ -50,14 +50,19 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @contextmanager
-def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-           ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`tinker-local serve --nproc-per-node 2` on a free port: (the launcher, its URL)."""
+def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
+           ranks_forked: bool = True) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`tinker-local serve --nproc-per-node 2` on a free port: (the launcher, its URL).
+
+    The elastic agent's ranks are forked from the suite's fork server (tests/support/processes.py)
+    unless `ranks_forked=False`: then they are new interpreters, children of the launcher, as a
+    user's are (a test that kills one finds it among the launcher's children)."""
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
     proc = processes.Popen(
         [*CLI, "serve", "--port", "0", "--nproc-per-node", "2", *extra],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
+        fork_its_children=ranks_forked,
     )
     try:
         assert proc.stdout is not None
@@ -240,17 +245,18 @@ def reference(one_process: str) -> dict[str, Any]:
 # ---- the tests ----------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="class")
+def joint_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Joint training on: two clients' passes are joined over the ranks."""
+    folder = tmp_path_factory.mktemp("group")
+    with _group(folder, env={config.JOINT_TRAINING_ENV: "1"}) as (_, url):
+        yield url
+
+
 class TestOneGroupWithJointTraining:
     """Three tests on one group (a group start is three processes). The group holds the test
     home, where the one-process reference keeps its checkpoints too, so it is this class's and
     is stopped when the class ends: the tests after it start groups of their own there."""
-
-    @pytest.fixture(scope="class")
-    def joint_group(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-        """Joint training on: two clients' passes are joined over the ranks."""
-        folder = tmp_path_factory.mktemp("group")
-        with _group(folder, env={config.JOINT_TRAINING_ENV: "1"}) as (_, url):
-            yield url
 
     def test_two_ranks_data_parallel_match_one_process(self, joint_group, one_process,
                                                          reference) -> None:
@@ -330,7 +336,7 @@ def test_shard_base_matches_one_process(tmp_path, reference) -> None:
 
 
 def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> None:
-    with _group(tmp_path, "--rank-timeout", "10") as (launcher, url):
+    with _group(tmp_path, "--rank-timeout", "10", ranks_forked=False) as (launcher, url):
         service = tinker.ServiceClient(base_url=url, api_key=KEY)
         trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
         data = _data(trainer.get_tokenizer())

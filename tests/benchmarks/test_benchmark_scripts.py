@@ -1,7 +1,11 @@
 """Every script in benchmarks/ runs to the end on the current API: each runs its `--smoke`
 configuration (the smallest one, on the tiny model) as a user would run it, in its own process,
 writing into a temporary folder. A script that needs an optional package (trl, vllm) is run
-with it when it is importable, and reported as skipped, with the reason, when it is not."""
+with it when it is importable, and reported as skipped, with the reason, when it is not.
+
+The Python processes a script starts (its server, clients, one child per configuration) are
+forked from the suite's fork server (tests/support/processes.py, `fork_its_children`), except
+where a new interpreter is what the script measures."""
 
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ OUTPUT = {
     "world_rl_prefix_cache": ("--out", "file", []),
 }
 
+# What these measure is a new interpreter (its start-up, the processes a pytest run starts).
+CHILDREN_MEASURED_AS_NEW_INTERPRETERS = {"startup", "suite_time"}
+
 
 def test_every_benchmark_script_has_a_smoke_run():
     assert SCRIPTS and set(SCRIPTS) == set(OUTPUT), "a new script in benchmarks/ needs a case here"
@@ -56,7 +63,7 @@ def _smoke(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
         [sys.executable, str(BENCHMARKS / f"{name}.py"), "--smoke", flag, str(target), *flags,
          *extra],
         cwd=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600, capture_output=True,
-        text=True, check=False,
+        text=True, check=False, fork_its_children=name not in CHILDREN_MEASURED_AS_NEW_INTERPRETERS,
     )  # fmt: skip
     assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
     written = [target] if kind == "file" else sorted(target.glob("*.json"))

@@ -15,6 +15,11 @@ for a new interpreter:
   Popen option the fork server does not carry (pass_fds, preexec_fn, user, umask, shell...);
 - the environment differs from the fork server's in a variable that libraries read when they
   are imported (HF_*, TRANSFORMERS_*, OMP_*, PYTHON*, HOME...): a fresh machine's HF_HOME, say.
+
+A forked child's own children are new interpreters, as they would be, unless the test passes
+`fork_its_children=True`: then the child's `subprocess.Popen` is this module's too, and the
+Python children it starts (a benchmark script's server and clients) are forked from the same
+fork server by the same rules. Their children again are new interpreters.
 """
 
 from __future__ import annotations
@@ -47,10 +52,13 @@ _READ_AT_IMPORT = (
 # Exceptions: PYTHONUNBUFFERED (the fork server applies it to the child's stdio); what libraries
 # in the test process set for themselves and children inherit: torch's compile cache folder
 # (read when something compiles), and the Intel OpenMP switches sklearn and joblib set (this
-# torch uses GNU OpenMP).
+# torch uses GNU OpenMP); what torch's elastic agent sets for each rank it starts, read when
+# the rank joins its group.
 _NOT_READ_AT_IMPORT = {
     "PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 }
+_SET_BY_THE_ELASTIC_AGENT = ("TORCHELASTIC_",)
 # Read at import by a library the fork server does not import (tests/support/zygote.py checks
 # that it does not): a child that imports `datasets` reads them itself.
 _READ_BY_LIBRARIES_NOT_PRELOADED = ("HF_DATASETS_",)
@@ -69,6 +77,7 @@ def read_at_import(name: str) -> bool:
     return (
         name.startswith(_READ_AT_IMPORT)
         and name not in _NOT_READ_AT_IMPORT
+        and not name.startswith(_SET_BY_THE_ELASTIC_AGENT)
         and not name.startswith(_READ_BY_LIBRARIES_NOT_PRELOADED)
     )
 
@@ -111,14 +120,40 @@ def _target(args: Any) -> dict | None:
 _SUITE_ENV = dict(os.environ)
 
 
-class _ForkServer:
+class _ForkServerClient:
+    """Requests to a running fork server on `conn`, whose environment is `env`."""
+
+    def __init__(self, conn: socket.socket, env: dict[str, str]) -> None:
+        self.conn = conn
+        self.env = env
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return True  # a borrowed connection: fork() reports a server that has gone
+
+    def can_stand_in(self, env: dict[str, str]) -> bool:
+        if not self.alive():
+            return False
+        names = set(env) | set(self.env)
+        return not any(read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
+
+    def fork(self, request: dict, fds: list[int]) -> int:
+        with self.lock:
+            socket.send_fds(self.conn, [json.dumps(request).encode()], fds)
+            answer = self.conn.recv(4096)
+        if not answer:
+            raise RuntimeError(f"the fork server {ZYGOTE} exited")
+        return json.loads(answer)["pid"]
+
+
+class _ForkServer(_ForkServerClient):
     """One fork server per test process, started on first use with the suite's environment.
     `preload=False` skips the heavy imports (seconds of CPU): for tests of the fork server
     itself, whose children import nothing heavy."""
 
     def __init__(self, preload: bool = True) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = dict(_SUITE_ENV)
+        super().__init__(ours, dict(_SUITE_ENV))
         # What its imports print (torchao's, say) goes to a log, not into pytest's output.
         self.log = Path(tempfile.gettempdir()) / f"tinker-local-fork-server-{os.getpid()}.log"
         argv = [sys.executable, str(ZYGOTE), str(theirs.fileno())]
@@ -130,9 +165,10 @@ class _ForkServer:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
             )  # fmt: skip
         theirs.close()
-        self.conn = ours
-        self.lock = threading.Lock()
         atexit.register(self.close)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def close(self) -> None:
         """Hang up: the fork server exits (its running children go on) and is waited for, so
@@ -144,38 +180,41 @@ class _ForkServer:
             self.process.kill()
         self.log.unlink(missing_ok=True)
 
-    def can_stand_in(self, env: dict[str, str]) -> bool:
-        if self.process.poll() is not None:
-            return False
-        names = set(env) | set(self.env)
-        return not any(read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
-
     def fork(self, request: dict, fds: list[int]) -> int:
-        with self.lock:
-            socket.send_fds(self.conn, [json.dumps(request).encode()], fds)
-            answer = self.conn.recv(4096)
-        if not answer:
-            raise RuntimeError(f"the fork server {ZYGOTE} exited; its output: {self.log}")
-        return json.loads(answer)["pid"]
+        try:
+            return super().fork(request, fds)
+        except RuntimeError as gone:
+            raise RuntimeError(f"{gone}; its output: {self.log}") from None
 
 
-_server: _ForkServer | None = None
+_server: _ForkServerClient | None = None
 _server_lock = threading.Lock()
 
 
-def _fork_server() -> _ForkServer:
+def _fork_server() -> _ForkServerClient:
     global _server
     with _server_lock:
-        if _server is None or _server.process.poll() is not None:
+        if _server is None or not _server.alive():
             _server = _ForkServer()
         return _server
+
+
+def use_fork_server(conn: socket.socket, env: dict[str, str]) -> None:
+    """Fork this process's children from the fork server at the other end of `conn` (this
+    process is one of its children, started with `fork_its_children`)."""
+    global _server
+    with _server_lock:
+        _server = _ForkServerClient(conn, env)
 
 
 class Popen(subprocess.Popen):
     """subprocess.Popen; a Python child is forked from the fork server when it can stand in."""
 
-    def __init__(self, args: Any, *, fresh: bool = False, **kwargs: Any) -> None:
+    def __init__(self, args: Any, *, fresh: bool = False, fork_its_children: bool = False,
+                 **kwargs: Any) -> None:
         self._fork_target = None if fresh else self._fork_target_of(args, kwargs)
+        if self._fork_target is not None and fork_its_children:
+            self._fork_target["fork_its_children"] = True
         self._status: socket.socket | None = None
         super().__init__(args, **kwargs)
 

@@ -9,7 +9,9 @@ threads joined, the exit code or the signal). The fork costs milliseconds where 
 interpreter's imports cost 5-7 s of CPU.
 
 The parent learns the child's pid at once and its raw wait status, when it ends, on a socket
-it passed with the request. This process never starts a thread and never computes with torch,
+it passed with the request. A request may ask that the child's own Python children be forked
+here too (`fork_its_children`: a benchmark script's server and clients, say): the child then
+gets a connection of its own to this server, and its `subprocess.Popen` is processes.py's. This process never starts a thread and never computes with torch,
 so the children do not inherit held locks or a half-initialised OpenMP pool.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib.util
 import io
 import json
 import os
@@ -29,6 +32,7 @@ import threading
 import types
 
 MAX_REQUEST_BYTES = 1 << 20
+PROCESSES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "processes.py")
 # The stdin, stdout, stderr and exit-status descriptors that come with each request.
 FDS_PER_REQUEST = 4
 
@@ -78,7 +82,10 @@ def _reply(conn: socket.socket, message: dict) -> None:
 
 
 def serve(conn: socket.socket) -> tuple[dict, list[int]]:
-    """Fork a child per request until the parent hangs up; in a child, return its request."""
+    """Fork a child per request until the parent hangs up; in a child, return its request.
+
+    Requests come on `conn` (the test process's) and on the connections handed to children that
+    fork their own children here; one of those ends when its child hangs up."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
@@ -88,12 +95,26 @@ def serve(conn: socket.socket) -> tuple[dict, list[int]]:
     selector.register(conn, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
     status_fd_of: dict[int, int] = {}
+    children_conns: list[socket.socket] = []
     while True:
         for key, _ in selector.select():
-            if key.fileobj is conn:
-                data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, FDS_PER_REQUEST)
-                if not data:  # the parent hung up; skip the ~2 s teardown of every module
+            if key.fileobj is wake_read:
+                _drain(wake_read)
+            else:
+                client = key.fileobj
+                data, fds, _flags, _addr = socket.recv_fds(client, MAX_REQUEST_BYTES,
+                                                           FDS_PER_REQUEST)  # fmt: skip
+                if not data and client is conn:  # skip the ~2 s teardown of every module
                     os._exit(0)
+                if not data:  # a child that forked its children here has exited
+                    selector.unregister(client)
+                    children_conns.remove(client)
+                    client.close()
+                    continue
+                request = json.loads(data)
+                ours = theirs = None
+                if request.get("fork_its_children"):
+                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
@@ -101,20 +122,29 @@ def serve(conn: socket.socket) -> tuple[dict, list[int]]:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     for fd in (wake_read, wake_write, *status_fd_of.values()):
                         os.close(fd)
-                    conn.close()
-                    return json.loads(data), fds
+                    for other in (conn, *children_conns, *([ours] if ours else [])):
+                        other.close()
+                    if theirs is not None:
+                        request["children_conn_fd"] = theirs.detach()
+                    return request, fds
                 for fd in fds[:3]:
                     os.close(fd)
                 status_fd_of[pid] = fds[3]
-                _reply(conn, {"pid": pid})
-            else:
-                while True:
-                    try:
-                        if not os.read(wake_read, 512):
-                            break
-                    except BlockingIOError:
-                        break
+                if ours is not None and theirs is not None:
+                    theirs.close()
+                    children_conns.append(ours)
+                    selector.register(ours, selectors.EVENT_READ)
+                _reply(client, {"pid": pid})
             _report_ended_children(status_fd_of)
+
+
+def _drain(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 512):
+                return
+        except BlockingIOError:
+            return
 
 
 def _report_ended_children(status_fd_of: dict[int, int]) -> None:
@@ -158,6 +188,31 @@ def _fresh_random_state() -> None:
         sys.modules["torch"].seed()
 
 
+# This server's environment, which processes.py compares a child's with.
+SERVER_ENV: dict[str, str] = {}
+# Modules that bind `subprocess.Popen` when imported, which PRELOAD has done: torch's elastic
+# agent starts the ranks of `tinker-local serve --nproc-per-node N` through this one.
+POPEN_BOUND_AT_IMPORT = ("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler",)
+
+
+def _fork_children_here(fd: int) -> None:
+    """Make this child's `subprocess.Popen` (and so `subprocess.run`, and torch's elastic agent)
+    processes.py's, talking to this fork server on `fd`: the Python children it starts are
+    forked here, while any other program, or a child that needs a new interpreter, starts as it
+    would have."""
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("tinker_local_test_processes", PROCESSES)
+    assert spec is not None and spec.loader is not None
+    processes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(processes)
+    processes.use_fork_server(socket.socket(fileno=fd), SERVER_ENV)
+    subprocess.Popen = processes.Popen  # type: ignore[misc]
+    for name in POPEN_BOUND_AT_IMPORT:
+        if name in sys.modules:
+            sys.modules[name].Popen = processes.Popen
+
+
 def become(request: dict, fds: list[int]) -> None:
     """Take on the request's session, stdio, directory and environment, then run its target."""
     if request["new_session"]:
@@ -177,6 +232,8 @@ def become(request: dict, fds: list[int]) -> None:
     sys.stdout = sys.__stdout__ = _stream(1, sys.__stdout__, unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, sys.__stderr__, unbuffered)
     _fresh_random_state()
+    if request.get("children_conn_fd") is not None:
+        _fork_children_here(request["children_conn_fd"])
 
     import runpy
 
@@ -216,6 +273,7 @@ def main() -> tuple[dict, list[int]]:
     assert not shared, f"preloading made temporary folders each child would delete: {shared}"
     # processes.py lets HF_DATASETS_* differ from this process's environment because of this.
     assert "datasets" not in sys.modules, "preloading imported `datasets`, which reads HF_DATASETS_*"
+    SERVER_ENV.update(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
     # The imported modules' objects live as long as any child: the collector leaves them alone
