@@ -196,31 +196,37 @@ python = subprocess.run(ppid, capture_output=True, text=True, check=True).stdout
 fresh_env = {**os.environ, "HF_HOME": sys.argv[1]}
 fresh = subprocess.run(ppid, capture_output=True, text=True, env=fresh_env, check=True)
 code = subprocess.run([sys.executable, "-c", "import sys; sys.exit(5)"]).returncode
+# A grandchild's own child (the next generation).
+nested = f"import subprocess, sys; subprocess.run({ppid!r})"
+grandchild = subprocess.run([sys.executable, "-c", nested], capture_output=True, text=True, check=True)
 # A rank, as torch's elastic agent starts one (with the variables it sets).
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 rank = SubprocessHandler(sys.executable, tuple(ppid[1:]), {"RANK": "1", "TORCHELASTIC_RUN_ID": "r"},
                          stdout=sys.argv[2], stderr=None, local_rank_id=1, numa_options=None)
 rank.proc.wait()
 with open(sys.argv[2]) as written:
-    print(os.getpid(), python, fresh.stdout.strip(), code, written.read().strip())
+    print(os.getpid(), python, fresh.stdout.strip(), code, written.read().strip(),
+          grandchild.stdout.strip())
 """
 
 
 def test_a_child_may_fork_its_own_python_children_from_the_fork_server(tmp_path: Path) -> None:
-    """`fork_its_children=True` (a benchmark script's server and clients): the child's own
-    `python -c` children are forked from the fork server too, by the same rules; a child that
-    needs a new interpreter still gets one, and the fork server outlives the child."""
+    """`fork_descendants=True` (a benchmark script's server and clients): the child's own
+    `python -c` children, a rank torch's elastic agent starts, and their children, are forked
+    from the fork server too, by the same rules; a child that needs a new interpreter still gets
+    one, and the fork server outlives the child."""
     zygote = processes._fork_server().process.pid
     args = [PY, "-c", GRANDCHILDREN, str(tmp_path / "another-hf-home"), str(tmp_path / "rank.out")]
-    with processes.Popen(args, stdout=subprocess.PIPE, text=True, fork_its_children=True) as child:
+    with processes.Popen(args, stdout=subprocess.PIPE, text=True, fork_descendants=True) as child:
         out, _ = child.communicate(timeout=120)
     assert child.forked and child.returncode == 0
-    pid, python_parent, fresh_parent, code, rank_parent = map(int, out.split())
+    pid, python_parent, fresh_parent, code, rank_parent, next_parent = map(int, out.split())
     assert (python_parent, fresh_parent, code, rank_parent) == (zygote, pid, 5, zygote)
+    assert next_parent == zygote
     # Without it, the child's children are its own, as a new interpreter's would be.
     plain = processes.run(args, capture_output=True, text=True, timeout=120, check=True)
-    pid, python_parent, _, _, rank_parent = plain.stdout.split()
-    assert python_parent == rank_parent == pid
+    pid, python_parent, _, _, rank_parent, next_parent = plain.stdout.split()
+    assert python_parent == rank_parent == pid and int(next_parent) != zygote
     # The fork server is still there for the test process.
     with processes.Popen([PY, "-c", "pass"]) as after:
         assert after.forked and after.wait(60) == 0

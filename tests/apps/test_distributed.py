@@ -62,7 +62,7 @@ def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
         [*CLI, "serve", "--port", "0", "--nproc-per-node", "2", *extra],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
-        fork_its_children=ranks_forked,
+        fork_descendants=ranks_forked,
     )
     try:
         assert proc.stdout is not None

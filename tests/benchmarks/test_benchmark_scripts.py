@@ -4,7 +4,7 @@ writing into a temporary folder. A script that needs an optional package (trl, v
 with it when it is importable, and reported as skipped, with the reason, when it is not.
 
 The Python processes a script starts (its server, clients, one child per configuration) are
-forked from the suite's fork server (tests/support/processes.py, `fork_its_children`), except
+forked from the suite's fork server (tests/support/processes.py, `fork_descendants`), except
 where a new interpreter is what the script measures."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _smoke(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
         [sys.executable, str(BENCHMARKS / f"{name}.py"), "--smoke", flag, str(target), *flags,
          *extra],
         cwd=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600, capture_output=True,
-        text=True, check=False, fork_its_children=name not in CHILDREN_MEASURED_AS_NEW_INTERPRETERS,
+        text=True, check=False, fork_descendants=name not in CHILDREN_MEASURED_AS_NEW_INTERPRETERS,
     )  # fmt: skip
     assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-4000:]}"
     written = [target] if kind == "file" else sorted(target.glob("*.json"))

@@ -17,9 +17,9 @@ for a new interpreter:
   are imported (HF_*, TRANSFORMERS_*, OMP_*, PYTHON*, HOME...): a fresh machine's HF_HOME, say.
 
 A forked child's own children are new interpreters, as they would be, unless the test passes
-`fork_its_children=True`: then the child's `subprocess.Popen` is this module's too, and the
-Python children it starts (a benchmark script's server and clients) are forked from the same
-fork server by the same rules. Their children again are new interpreters.
+`fork_descendants=True`: then the child's `subprocess.Popen` is this module's too, and the
+Python processes it starts (a benchmark script's server and clients, a distributed server's
+ranks), and theirs, are forked from the same fork server by the same rules.
 """
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ class _ForkServer(_ForkServerClient):
 
 _server: _ForkServerClient | None = None
 _server_lock = threading.Lock()
+# Whether this process's Python children fork their own from the fork server: in a process
+# started with `fork_descendants`, so that it passes on to every generation.
+_descendants_forked = False
 
 
 def _fork_server() -> _ForkServerClient:
@@ -200,21 +203,24 @@ def _fork_server() -> _ForkServerClient:
 
 
 def use_fork_server(conn: socket.socket, env: dict[str, str]) -> None:
-    """Fork this process's children from the fork server at the other end of `conn` (this
-    process is one of its children, started with `fork_its_children`)."""
-    global _server
+    """Fork this process's children, and theirs, from the fork server at the other end of
+    `conn` (this process is one of its children, started with `fork_descendants`)."""
+    global _server, _descendants_forked
     with _server_lock:
         _server = _ForkServerClient(conn, env)
+        _descendants_forked = True
 
 
 class Popen(subprocess.Popen):
     """subprocess.Popen; a Python child is forked from the fork server when it can stand in."""
 
-    def __init__(self, args: Any, *, fresh: bool = False, fork_its_children: bool = False,
+    def __init__(self, args: Any, *, fresh: bool = False, fork_descendants: bool | None = None,
                  **kwargs: Any) -> None:
         self._fork_target = None if fresh else self._fork_target_of(args, kwargs)
-        if self._fork_target is not None and fork_its_children:
-            self._fork_target["fork_its_children"] = True
+        if fork_descendants is None:
+            fork_descendants = _descendants_forked
+        if self._fork_target is not None and fork_descendants:
+            self._fork_target["fork_descendants"] = True
         self._status: socket.socket | None = None
         super().__init__(args, **kwargs)
 

@@ -9,10 +9,12 @@ threads joined, the exit code or the signal). The fork costs milliseconds where 
 interpreter's imports cost 5-7 s of CPU.
 
 The parent learns the child's pid at once and its raw wait status, when it ends, on a socket
-it passed with the request. A request may ask that the child's own Python children be forked
-here too (`fork_its_children`: a benchmark script's server and clients, say): the child then
-gets a connection of its own to this server, and its `subprocess.Popen` is processes.py's. This process never starts a thread and never computes with torch,
+it passed with the request. This process never starts a thread and never computes with torch,
 so the children do not inherit held locks or a half-initialised OpenMP pool.
+
+A request may ask that the child's own Python children, and theirs, be forked here too
+(`fork_descendants`: a benchmark script's server and clients, say): the child then gets a
+connection of its own to this server, and its `subprocess.Popen` is processes.py's.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def serve(conn: socket.socket) -> tuple[dict, list[int]]:
                     continue
                 request = json.loads(data)
                 ours = theirs = None
-                if request.get("fork_its_children"):
+                if request.get("fork_descendants"):
                     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 pid = os.fork()
                 if pid == 0:
