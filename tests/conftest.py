@@ -73,9 +73,13 @@ os.environ["SSL_CERT_DIR"] = str(_no_certificates)
 # With several xdist workers on a small machine, each worker (and the servers and commands it
 # starts, which inherit this) computes on one thread: N workers x the default thread count
 # would oversubscribe the cores. Set before anything here imports torch.
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+def _one_thread_per_worker() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _one_thread_per_worker()
 
 # A shell without job control starts a background job (`make test &` in a script) with SIGINT
 # ignored, and every process below inherits that: Python then installs no KeyboardInterrupt
@@ -86,9 +90,22 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # Only now: the environment above must be set before anything imports the SDK, huggingface_hub
 # or transformers (they read HF_HOME and the offline switch at import).
+from support import processes
 from support.cli import CliRun, run_in_process
 from support.processes import read_at_import
 from support.served import ServeProcess
+
+if not _worker:  # a fork server named by a run this pytest was started from is not this run's
+    os.environ.pop(processes.SHARED_FORK_SERVER_ENV, None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With several xdist workers, the controller starts the one fork server they share
+    (tests/support/processes.py), in the environment they will have, while they collect."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 1:
+        _one_thread_per_worker()
+        processes.start_shared_fork_server()
 
 
 # `integration` means what pyproject.toml says: the test uses the real built-in model. A test

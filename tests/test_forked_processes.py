@@ -215,7 +215,7 @@ def test_a_child_may_fork_its_own_python_children_from_the_fork_server(tmp_path:
     `python -c` children, a rank torch's elastic agent starts, and their children, are forked
     from the fork server too, by the same rules; a child that needs a new interpreter still gets
     one, and the fork server outlives the child."""
-    zygote = processes._fork_server().process.pid
+    zygote = processes._fork_server().pid
     args = [PY, "-c", GRANDCHILDREN, str(tmp_path / "another-hf-home"), str(tmp_path / "rank.out")]
     with processes.Popen(args, stdout=subprocess.PIPE, text=True, fork_descendants=True) as child:
         out, _ = child.communicate(timeout=120)
@@ -230,4 +230,29 @@ def test_a_child_may_fork_its_own_python_children_from_the_fork_server(tmp_path:
     # The fork server is still there for the test process.
     with processes.Popen([PY, "-c", "pass"]) as after:
         assert after.forked and after.wait(60) == 0
-    assert processes._fork_server().process.pid == zygote
+    assert processes._fork_server().pid == zygote
+
+
+def test_the_xdist_workers_share_the_fork_server_their_controller_started(monkeypatch) -> None:
+    """The controller starts one fork server listening on a socket it names in the environment
+    (tests/conftest.py); a worker connects to it instead of starting its own, forks its children
+    there, and starts its own when that one has gone."""
+    started = processes._ForkServer
+    monkeypatch.setattr(processes, "_ForkServer", functools.partial(started, preload=False))
+    monkeypatch.setattr(processes, "_server", None)
+    monkeypatch.delenv(processes.SHARED_FORK_SERVER_ENV, raising=False)
+    processes.start_shared_fork_server()  # as the controller does
+    controller = processes._server
+    monkeypatch.setattr(processes, "_server", None)  # a worker: it has no fork server yet
+    shared = processes._fork_server()
+    assert not isinstance(shared, started) and shared.pid == controller.process.pid
+    ppid = [PY, "-c", "import os; print(os.getppid())"]
+    forked = processes.run(ppid, capture_output=True, text=True, timeout=60, check=True)
+    assert int(forked.stdout) == controller.process.pid
+    controller.close()  # the run ends (or the fork server died): the worker starts its own
+    own = processes._fork_server()
+    assert isinstance(own, started) and own.pid != controller.process.pid
+    forked = processes.run(ppid, capture_output=True, text=True, timeout=60, check=True)
+    assert int(forked.stdout) == own.pid
+    own.close()
+    assert not Path(os.environ[processes.SHARED_FORK_SERVER_ENV]).parent.exists()

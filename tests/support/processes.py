@@ -2,8 +2,10 @@
 
 Every server, CLI command, recipe and benchmark script the suite starts is a new interpreter
 that imports torch, transformers and peft before it does anything: 5-7 s of CPU each, over a
-hundred times a run. Here such a process is forked from a per-worker fork server
-(tests/support/zygote.py) that has done those imports once. The child is still a process of
+hundred times a run. Here such a process is forked from a fork server
+(tests/support/zygote.py) that has done those imports once: one per run, which the xdist
+controller starts while its workers collect and the workers share (tests/conftest.py), or,
+without xdist, one the test process starts on first use. The child is still a process of
 its own: its own pid, stdio, environment, working directory and session; it runs its module,
 script or `-c` code as `__main__`, answers signals, and exits with its own code.
 
@@ -28,18 +30,21 @@ import atexit
 import json
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
+MAX_HELLO_BYTES = 1 << 20
 
 # Variables read at import time by torch, transformers, huggingface_hub, tokenizers, scipy,
 # matplotlib or Python itself: a child whose value differs needs a new interpreter. The rest
@@ -120,16 +125,27 @@ def _target(args: Any) -> dict | None:
 _SUITE_ENV = dict(os.environ)
 
 
-class _ForkServerClient:
-    """Requests to a running fork server on `conn`, whose environment is `env`."""
+# Set by the xdist controller for its workers: the path its fork server listens on.
+SHARED_FORK_SERVER_ENV = "TINKER_LOCAL_TEST_FORK_SERVER"
 
-    def __init__(self, conn: socket.socket, env: dict[str, str]) -> None:
+
+class _ForkServerClient:
+    """Requests to a running fork server (process `pid`, environment `env`) on `conn`."""
+
+    def __init__(self, conn: socket.socket, env: dict[str, str], pid: int) -> None:
         self.conn = conn
         self.env = env
+        self.pid = pid
         self.lock = threading.Lock()
 
     def alive(self) -> bool:
-        return True  # a borrowed connection: fork() reports a server that has gone
+        """Whether the server is still at the other end (it has not hung up)."""
+        try:
+            return self.conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
     def can_stand_in(self, env: dict[str, str]) -> bool:
         if not self.alive():
@@ -147,24 +163,30 @@ class _ForkServerClient:
 
 
 class _ForkServer(_ForkServerClient):
-    """One fork server per test process, started on first use with the suite's environment.
+    """A fork server this process starts and owns (it exits when this process hangs up), in the
+    suite's environment; with `listen`, other processes may connect to it at that path.
     `preload=False` skips the heavy imports (seconds of CPU): for tests of the fork server
     itself, whose children import nothing heavy."""
 
-    def __init__(self, preload: bool = True) -> None:
+    def __init__(self, preload: bool = True, listen: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        super().__init__(ours, dict(_SUITE_ENV))
+        env = dict(_SUITE_ENV if env is None else env)
         # What its imports print (torchao's, say) goes to a log, not into pytest's output.
         self.log = Path(tempfile.gettempdir()) / f"tinker-local-fork-server-{os.getpid()}.log"
         argv = [sys.executable, str(ZYGOTE), str(theirs.fileno())]
         if not preload:
             argv.append("--no-preload")
+        if listen is not None:
+            argv += ["--listen", listen]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 argv, pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
             )  # fmt: skip
         theirs.close()
+        super().__init__(ours, env, self.process.pid)
+        self.listen = listen
         atexit.register(self.close)
 
     def alive(self) -> bool:
@@ -179,6 +201,8 @@ class _ForkServer(_ForkServerClient):
         except subprocess.TimeoutExpired:
             self.process.kill()
         self.log.unlink(missing_ok=True)
+        if self.listen is not None:
+            shutil.rmtree(os.path.dirname(self.listen), ignore_errors=True)
 
     def fork(self, request: dict, fds: list[int]) -> int:
         try:
@@ -198,8 +222,36 @@ def _fork_server() -> _ForkServerClient:
     global _server
     with _server_lock:
         if _server is None or not _server.alive():
-            _server = _ForkServer()
+            _server = _connect_to_the_shared_fork_server() or _ForkServer()
         return _server
+
+
+def start_shared_fork_server() -> None:
+    """Start this process's fork server listening on a socket, and name the socket in the
+    environment that the xdist workers inherit: they share it instead of starting one each
+    (~9 s of CPU and ~1 GB of memory apiece)."""
+    global _server
+    path = os.path.join(tempfile.mkdtemp(prefix="tinker-local-fork-"), "socket")
+    with _server_lock:
+        _server = _ForkServer(listen=path, env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and _server.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)  # it listens before it imports anything
+    os.environ[SHARED_FORK_SERVER_ENV] = path
+
+
+def _connect_to_the_shared_fork_server() -> _ForkServerClient | None:
+    path = os.environ.get(SHARED_FORK_SERVER_ENV)
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(path)
+        hello = json.loads(conn.recv(MAX_HELLO_BYTES))
+    except (OSError, ValueError):  # it has gone: this process starts its own
+        conn.close()
+        return None
+    return _ForkServerClient(conn, hello["env"], hello["pid"])
 
 
 def use_fork_server(conn: socket.socket, env: dict[str, str]) -> None:
@@ -207,7 +259,7 @@ def use_fork_server(conn: socket.socket, env: dict[str, str]) -> None:
     `conn` (this process is one of its children, started with `fork_descendants`)."""
     global _server, _descendants_forked
     with _server_lock:
-        _server = _ForkServerClient(conn, env)
+        _server = _ForkServerClient(conn, env, os.getppid())
         _descendants_forked = True
 
 

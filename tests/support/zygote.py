@@ -1,4 +1,5 @@
-"""The fork server behind tests/support/processes.py: `python zygote.py FD [--no-preload]`.
+"""The fork server behind tests/support/processes.py:
+`python zygote.py FD [--no-preload] [--listen SOCKET_PATH]`.
 
 It imports once what nearly every Python process the suite starts imports (torch, transformers
 and peft, the tinker SDK, the server and engine, the cookbook), then waits on the Unix socket
@@ -11,6 +12,10 @@ interpreter's imports cost 5-7 s of CPU.
 The parent learns the child's pid at once and its raw wait status, when it ends, on a socket
 it passed with the request. This process never starts a thread and never computes with torch,
 so the children do not inherit held locks or a half-initialised OpenMP pool.
+
+With `--listen`, other processes may connect at SOCKET_PATH and send requests too (the xdist
+workers of a run share one fork server); each learns this server's pid and environment first.
+The server ends when the process that started it (on FD) hangs up.
 
 A request may ask that the child's own Python children, and theirs, be forked here too
 (`fork_descendants`: a benchmark script's server and clients, say): the child then gets a
@@ -83,11 +88,12 @@ def _reply(conn: socket.socket, message: dict) -> None:
     conn.send(json.dumps(message).encode())
 
 
-def serve(conn: socket.socket) -> tuple[dict, list[int]]:
-    """Fork a child per request until the parent hangs up; in a child, return its request.
+def serve(conn: socket.socket, listener: socket.socket | None = None) -> tuple[dict, list[int]]:
+    """Fork a child per request until the owner hangs up; in a child, return its request.
 
-    Requests come on `conn` (the test process's) and on the connections handed to children that
-    fork their own children here; one of those ends when its child hangs up."""
+    Requests come on `conn` (the process that started this one), on connections accepted on
+    `listener` (the other test processes of a run that share this server) and on those handed
+    to children that fork their descendants here; any but the owner's may hang up."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
@@ -96,48 +102,56 @@ def serve(conn: socket.socket) -> tuple[dict, list[int]]:
     selector = selectors.DefaultSelector()
     selector.register(conn, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
+    if listener is not None:
+        selector.register(listener, selectors.EVENT_READ)
     status_fd_of: dict[int, int] = {}
-    children_conns: list[socket.socket] = []
+    other_conns: list[socket.socket] = []
     while True:
         for key, _ in selector.select():
-            if key.fileobj is wake_read:
+            if key.fileobj is wake_read:  # SIGCHLD
                 _drain(wake_read)
-            else:
-                client = key.fileobj
-                data, fds, _flags, _addr = socket.recv_fds(client, MAX_REQUEST_BYTES,
-                                                           FDS_PER_REQUEST)  # fmt: skip
-                if not data and client is conn:  # skip the ~2 s teardown of every module
-                    os._exit(0)
-                if not data:  # a child that forked its children here has exited
-                    selector.unregister(client)
-                    children_conns.remove(client)
-                    client.close()
-                    continue
-                request = json.loads(data)
-                ours = theirs = None
-                if request.get("fork_descendants"):
-                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                pid = os.fork()
-                if pid == 0:
-                    selector.close()
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for fd in (wake_read, wake_write, *status_fd_of.values()):
-                        os.close(fd)
-                    for other in (conn, *children_conns, *([ours] if ours else [])):
-                        other.close()
-                    if theirs is not None:
-                        request["children_conn_fd"] = theirs.detach()
-                    return request, fds
-                for fd in fds[:3]:
+                _report_ended_children(status_fd_of)
+                continue
+            if key.fileobj is listener:
+                accepted, _addr = listener.accept()
+                _reply(accepted, {"pid": os.getpid(), "env": SERVER_ENV})
+                other_conns.append(accepted)
+                selector.register(accepted, selectors.EVENT_READ)
+                continue
+            client = key.fileobj
+            data, fds, _flags, _addr = socket.recv_fds(client, MAX_REQUEST_BYTES, FDS_PER_REQUEST)
+            if not data and client is conn:  # skip the ~2 s teardown of every module
+                os._exit(0)
+            if not data:  # a test process or a child that forked its descendants here ended
+                selector.unregister(client)
+                other_conns.remove(client)
+                client.close()
+                continue
+            request = json.loads(data)
+            ours = theirs = None
+            if request.get("fork_descendants"):
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_read, wake_write, *status_fd_of.values()):
                     os.close(fd)
-                status_fd_of[pid] = fds[3]
-                if ours is not None and theirs is not None:
-                    theirs.close()
-                    children_conns.append(ours)
-                    selector.register(ours, selectors.EVENT_READ)
-                _reply(client, {"pid": pid})
-            _report_ended_children(status_fd_of)
+                for other in (conn, listener, *other_conns, ours):
+                    if other is not None:
+                        other.close()
+                if theirs is not None:
+                    request["children_conn_fd"] = theirs.detach()
+                return request, fds
+            for fd in fds[:3]:
+                os.close(fd)
+            status_fd_of[pid] = fds[3]
+            if ours is not None and theirs is not None:
+                theirs.close()
+                other_conns.append(ours)
+                selector.register(ours, selectors.EVENT_READ)
+            _reply(client, {"pid": pid})
 
 
 def _drain(fd: int) -> None:
@@ -261,6 +275,11 @@ def become(request: dict, fds: list[int]) -> None:
 def main() -> tuple[dict, list[int]]:
     conn = socket.socket(fileno=int(sys.argv[1]))
     sys.path[0] = os.getcwd()  # not this folder: the helpers beside it are not the children's
+    listener = None
+    if "--listen" in sys.argv[2:]:  # before the imports: a connection waits for them to end
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(sys.argv[sys.argv.index("--listen") + 1])
+        listener.listen()
     if "--no-preload" not in sys.argv[2:]:
         preload()
     # What a fork cannot share: threads (the children would inherit their locks, not them) and
@@ -283,7 +302,7 @@ def main() -> tuple[dict, list[int]]:
     # the pages they sit on.
     gc.collect()
     gc.freeze()
-    return serve(conn)
+    return serve(conn, listener)
 
 
 def exit_as_python_does(run) -> None:
