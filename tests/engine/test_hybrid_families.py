@@ -306,13 +306,17 @@ def test_the_tokenizer_encodes_as_qwen3_5s_own():
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert ids == reference.encode(text), text
         assert tokenizer.decode(ids) == text
-    differ = []
+    ranks, texts = [], []
     for token, rank in read_ranks(package_dir() / RANKS_FILE).items():
         try:
-            text = token.decode("utf-8")
+            texts.append(token.decode("utf-8"))
         except UnicodeDecodeError:
             continue
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ranks.append(rank)
+    differ = []
+    # One batch call (the same encoding as one call per text, in about half the CPU time).
+    for rank, text, ids in zip(ranks, texts, tokenizer(texts, add_special_tokens=False)["input_ids"],
+                               strict=True):  # fmt: skip
         if ids != [rank]:
             assert tokenizer.decode(ids) == text, (rank, text, ids)
             differ.append(rank)
