@@ -229,7 +229,7 @@ def _fork_server() -> _ForkServerClient:
 def start_shared_fork_server() -> None:
     """Start this process's fork server listening on a socket, and name the socket in the
     environment that the xdist workers inherit: they share it instead of starting one each
-    (~9 s of CPU and ~1 GB of memory apiece)."""
+    (~9 s of CPU and ~0.6 GB of memory apiece)."""
     global _server
     path = os.path.join(tempfile.mkdtemp(prefix="tinker-local-fork-"), "socket")
     with _server_lock:
