@@ -24,6 +24,7 @@ connection of its own to this server, and its `subprocess.Popen` is processes.py
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import gc
 import importlib.util
@@ -147,7 +148,7 @@ def serve(conn: socket.socket, listener: socket.socket | None = None) -> tuple[d
             for fd in fds[:3]:
                 os.close(fd)
             status_fd_of[pid] = fds[3]
-            if ours is not None and theirs is not None:
+            if ours is not None and theirs is not None:  # a pair, or neither
                 theirs.close()
                 other_conns.append(ours)
                 selector.register(ours, selectors.EVENT_READ)
@@ -272,15 +273,24 @@ def become(request: dict, fds: list[int]) -> None:
         exec(compile(target, "<string>", "exec"), main_module.__dict__)  # noqa: S102 - `python -c`
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="zygote.py", description="the suite's fork server")
+    parser.add_argument("fd", type=int, help="this server's end of its owner's socket pair")
+    parser.add_argument("--no-preload", action="store_true", help="skip the heavy imports")
+    parser.add_argument("--listen", metavar="SOCKET_PATH", help="accept other clients here too")
+    return parser.parse_args()
+
+
 def main() -> tuple[dict, list[int]]:
-    conn = socket.socket(fileno=int(sys.argv[1]))
+    arguments = _arguments()
+    conn = socket.socket(fileno=arguments.fd)
     sys.path[0] = os.getcwd()  # not this folder: the helpers beside it are not the children's
     listener = None
-    if "--listen" in sys.argv[2:]:  # before the imports: a connection waits for them to end
+    if arguments.listen:  # before the imports: a connection waits for them to end
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(sys.argv[sys.argv.index("--listen") + 1])
+        listener.bind(arguments.listen)
         listener.listen()
-    if "--no-preload" not in sys.argv[2:]:
+    if not arguments.no_preload:
         preload()
     # What a fork cannot share: threads (the children would inherit their locks, not them) and
     # temporary folders that each process removes when it exits.
