@@ -95,12 +95,13 @@ from support.cli import CliRun, run_in_process
 from support.processes import read_at_import
 from support.served import ServeProcess
 
-if not _worker:  # a fork server named by a run this pytest was started from is not this run's
-    os.environ.pop(processes.SHARED_FORK_SERVER_ENV, None)
+if not _worker:  # fork servers named by a run this pytest was started from are not this run's
+    for _variable in processes.SHARED_FORK_SERVER_ENV.values():
+        os.environ.pop(_variable, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With several xdist workers, the controller starts the one fork server they share
+    """With several xdist workers, the controller starts the fork servers they share
     (tests/support/processes.py), in the environment they will have, while they collect."""
     workers = getattr(config.option, "numprocesses", None)
     if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 1:

@@ -7,11 +7,11 @@ comparison is with Python itself, not with what this file expects Python to do.
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,8 +140,19 @@ def test_each_child_has_its_own_random_state() -> None:
     assert all(a != b for a, b in zip(first.stdout.split(), second.stdout.split()))
 
 
+def _importing_nothing(started: type) -> Callable[..., object]:
+    """processes._ForkServer, with nothing preloaded whatever it is asked for (these tests'
+    children import nothing heavy)."""
+
+    def start(preload: str = processes.FULL, **kwargs: object) -> object:
+        return started(preload=processes.NOTHING, **kwargs)
+
+    return start
+
+
 def test_what_the_fork_server_cannot_stand_in_for_starts_a_new_interpreter(tmp_path: Path) -> None:
-    import_time_setting = {**os.environ, "HF_HOME": str(tmp_path / "another-hf-home")}
+    # torch reads it at import, and both fork servers have imported torch.
+    import_time_setting = {**os.environ, "OMP_NUM_THREADS": "3"}
     not_python = ["sh", "-c", "exit 4"]
     cases = [
         ([PY, "-c", "pass"], {"fresh": True}),
@@ -160,6 +171,33 @@ def test_what_the_fork_server_cannot_stand_in_for_starts_a_new_interpreter(tmp_p
         assert proc.forked and proc.wait(60) == 0
 
 
+HUB_SETTINGS = """
+import os, sys
+before = [m for m in ("huggingface_hub", "transformers", "tokenizers", "peft") if m in sys.modules]
+from huggingface_hub import constants
+print(before, constants.HF_HOME, constants.ENDPOINT, "torch" in sys.modules)
+"""
+
+
+def test_a_child_with_a_hub_of_its_own_is_forked_from_the_server_without_the_hf_libraries(
+    tmp_path: Path,
+) -> None:
+    """A HF_HOME or HF_ENDPOINT of its own (a recipe's cache, a fake hub): the first fork server
+    has imported huggingface_hub, which read the suite's; the child is forked from the one that
+    has not, and reads its own, as a new interpreter does."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    with processes.Popen([PY, "-c", HUB_SETTINGS + "print(os.getppid())"], env=env,
+                         stdout=subprocess.PIPE, text=True) as child:  # fmt: skip
+        out, _ = child.communicate(timeout=120)
+    assert child.forked and child.returncode == 0
+    settings, parent = out.splitlines()
+    assert int(parent) == processes._fork_server(processes.WITHOUT_HF).pid
+    real = subprocess.run([PY, "-c", HUB_SETTINGS], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    assert settings == f"[] {tmp_path / 'hf'} http://127.0.0.1:9 True"
+    assert real.stdout == settings.replace("True", "False") + "\n"  # the fork has torch already
+
+
 def test_a_forked_child_starts_with_the_heavy_imports_done() -> None:
     """Why the fork server exists: torch, transformers and peft are imported once, not per child
     (5-7 s of CPU each). A new interpreter starts without them."""
@@ -173,10 +211,10 @@ def test_a_child_whose_fork_server_died_has_no_made_up_exit_code(monkeypatch) ->
     so instead of returning a code a test could take for the child's."""
     # A fork server of this test's own: this worker's may have children alive (`served`). It
     # and the one that replaces it skip the heavy imports, which these children do not need.
-    light = functools.partial(processes._ForkServer, preload=False)
+    light = _importing_nothing(processes._ForkServer)
     monkeypatch.setattr(processes, "_ForkServer", light)
     server = light()
-    monkeypatch.setattr(processes, "_server", server)
+    monkeypatch.setitem(processes._servers, processes.FULL, server)
     proc = processes.Popen([PY, "-c", "import time; time.sleep(60)"])
     assert proc.forked
     server.process.kill()
@@ -233,26 +271,31 @@ def test_a_child_may_fork_its_own_python_children_from_the_fork_server(tmp_path:
     assert processes._fork_server().pid == zygote
 
 
-def test_the_xdist_workers_share_the_fork_server_their_controller_started(monkeypatch) -> None:
-    """The controller starts one fork server listening on a socket it names in the environment
-    (tests/conftest.py); a worker connects to it instead of starting its own, forks its children
-    there, and starts its own when that one has gone."""
+def test_the_xdist_workers_share_the_fork_servers_their_controller_started(monkeypatch) -> None:
+    """The controller starts the fork servers, each listening on a socket it names in the
+    environment (tests/conftest.py); a worker connects to them instead of starting its own,
+    forks its children there, and starts its own when one has gone."""
     started = processes._ForkServer
-    monkeypatch.setattr(processes, "_ForkServer", functools.partial(started, preload=False))
-    monkeypatch.setattr(processes, "_server", None)
-    monkeypatch.delenv(processes.SHARED_FORK_SERVER_ENV, raising=False)
+    monkeypatch.setattr(processes, "_ForkServer", _importing_nothing(started))
+    monkeypatch.setattr(processes, "_servers", {})
+    for variable in processes.SHARED_FORK_SERVER_ENV.values():
+        monkeypatch.delenv(variable, raising=False)
     processes.start_shared_fork_server()  # as the controller does
-    controller = processes._server
-    monkeypatch.setattr(processes, "_server", None)  # a worker: it has no fork server yet
-    shared = processes._fork_server()
-    assert not isinstance(shared, started) and shared.pid == controller.process.pid
+    controller = dict(processes._servers)
+    assert sorted(controller) == sorted(processes.SHARED_FORK_SERVER_ENV)
+    monkeypatch.setattr(processes, "_servers", {})  # a worker: it has no fork server yet
+    for kind, server in controller.items():
+        shared = processes._fork_server(kind)
+        assert not isinstance(shared, started) and shared.pid == server.process.pid
     ppid = [PY, "-c", "import os; print(os.getppid())"]
     forked = processes.run(ppid, capture_output=True, text=True, timeout=60, check=True)
-    assert int(forked.stdout) == controller.process.pid
-    controller.close()  # the run ends (or the fork server died): the worker starts its own
+    assert int(forked.stdout) == controller[processes.FULL].process.pid
+    for server in controller.values():  # the run ends (or they died): the worker starts its own
+        server.close()
     own = processes._fork_server()
-    assert isinstance(own, started) and own.pid != controller.process.pid
+    assert isinstance(own, started) and own.pid != controller[processes.FULL].process.pid
     forked = processes.run(ppid, capture_output=True, text=True, timeout=60, check=True)
     assert int(forked.stdout) == own.pid
     own.close()
-    assert not Path(os.environ[processes.SHARED_FORK_SERVER_ENV]).parent.exists()
+    for variable in processes.SHARED_FORK_SERVER_ENV.values():
+        assert not Path(os.environ[variable]).parent.exists()

@@ -5,7 +5,14 @@ that imports torch, transformers and peft before it does anything: 5-7 s of CPU 
 hundred times a run. Here such a process is forked from a fork server
 (tests/support/zygote.py) that has done those imports once: one per run, which the xdist
 controller starts while its workers collect and the workers share (tests/conftest.py), or,
-without xdist, one the test process starts on first use. The child is still a process of
+without xdist, one the test process starts on first use.
+
+A child whose environment differs only in what the Hugging Face libraries read at import (a
+HF_HOME of its own, a fake hub's HF_ENDPOINT: the cookbook recipes, `models pull`) cannot be
+forked from that server, which has imported them. It is forked from a second one that has
+imported torch, the SDK and the web stack but none of those libraries (`WITHOUT_HF`), and
+imports them itself, reading its own environment: ~3.5 s of CPU saved of each such child's
+~9. The child is still a process of
 its own: its own pid, stdio, environment, working directory and session; it runs its module,
 script or `-c` code as `__main__`, answers signals, and exits with its own code.
 
@@ -15,8 +22,9 @@ for a new interpreter:
   which packages import at all);
 - the argv is not `sys.executable [-u] (-m MODULE | -c CODE | SCRIPT) ...`, or the call uses a
   Popen option the fork server does not carry (pass_fds, preexec_fn, user, umask, shell...);
-- the environment differs from the fork server's in a variable that libraries read when they
-  are imported (HF_*, TRANSFORMERS_*, OMP_*, PYTHON*, HOME...): a fresh machine's HF_HOME, say.
+- the environment differs from both fork servers' in a variable that libraries read when they
+  are imported (OMP_*, PYTHON*, HOME, TMPDIR...; HF_* and TRANSFORMERS_* only matter to the
+  first server).
 
 A forked child's own children are new interpreters, as they would be, unless the test passes
 `fork_descendants=True`: then the child's `subprocess.Popen` is this module's too, and the
@@ -64,6 +72,13 @@ _NOT_READ_AT_IMPORT = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 }
 _SET_BY_THE_ELASTIC_AGENT = ("TORCHELASTIC_",)
+# Read at import only by the Hugging Face libraries (huggingface_hub, transformers, tokenizers,
+# safetensors, datasets, peft, accelerate) and the quantisation packages peft imports: the
+# fork server WITHOUT_HF has imported none of them (zygote.py checks), so they may differ.
+_READ_BY_HF_LIBRARIES = (
+    "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "SAFETENSORS", "BITSANDBYTES",
+    "ACCELERATE", "PEFT",
+)
 # Read at import by a library the fork server does not import (tests/support/zygote.py checks
 # that it does not): a child that imports `datasets` reads them itself.
 _READ_BY_LIBRARIES_NOT_PRELOADED = ("HF_DATASETS_",)
@@ -76,15 +91,25 @@ _FORK_SERVER_DEFAULTS = {
 }
 
 
-def read_at_import(name: str) -> bool:
-    """Whether a child whose value of environment variable `name` differs from the fork
-    server's needs a new interpreter."""
+def read_at_import(name: str, hf_libraries_imported: bool = True) -> bool:
+    """Whether a child whose value of environment variable `name` differs from a fork server's
+    needs a new interpreter; `hf_libraries_imported`: whether that server imported the Hugging
+    Face libraries (the first one did, WITHOUT_HF did not)."""
     return (
         name.startswith(_READ_AT_IMPORT)
         and name not in _NOT_READ_AT_IMPORT
         and not name.startswith(_SET_BY_THE_ELASTIC_AGENT)
         and not name.startswith(_READ_BY_LIBRARIES_NOT_PRELOADED)
+        and (hf_libraries_imported or not name.startswith(_READ_BY_HF_LIBRARIES))
     )
+
+
+def _differs_at_import(env: dict[str, str], reference: dict[str, str], preload: str) -> bool:
+    """Whether a child with environment `env` needs a new interpreter rather than a fork from a
+    server started with `reference` and `preload`."""
+    hf_libraries = preload == FULL
+    names = set(env) | set(reference)
+    return any(read_at_import(n, hf_libraries) and env.get(n) != reference.get(n) for n in names)
 
 
 @contextmanager
@@ -125,17 +150,28 @@ def _target(args: Any) -> dict | None:
 _SUITE_ENV = dict(os.environ)
 
 
-# Set by the xdist controller for its workers: the path its fork server listens on.
-SHARED_FORK_SERVER_ENV = "TINKER_LOCAL_TEST_FORK_SERVER"
+# What a fork server imports before it forks (zygote.py's --preload): everything the engine
+# and the server import; all of that but the Hugging Face libraries; nothing (for the fork
+# server's own tests, whose children import nothing heavy).
+FULL, WITHOUT_HF, NOTHING = "full", "without-hf", "nothing"
+# A child is forked from the first of these that can stand in for it.
+_SERVER_KINDS = (FULL, WITHOUT_HF)
+# Set by the xdist controller for its workers: the paths its fork servers listen on.
+SHARED_FORK_SERVER_ENV = {
+    FULL: "TINKER_LOCAL_TEST_FORK_SERVER",
+    WITHOUT_HF: "TINKER_LOCAL_TEST_FORK_SERVER_WITHOUT_HF",
+}
 
 
 class _ForkServerClient:
-    """Requests to a running fork server (process `pid`, environment `env`) on `conn`."""
+    """Requests to a running fork server (process `pid`, environment `env`, what it imported:
+    `preload`) on `conn`."""
 
-    def __init__(self, conn: socket.socket, env: dict[str, str], pid: int) -> None:
+    def __init__(self, conn: socket.socket, env: dict[str, str], pid: int, preload: str) -> None:
         self.conn = conn
         self.env = env
         self.pid = pid
+        self.preload = preload
         self.lock = threading.Lock()
 
     def alive(self) -> bool:
@@ -148,10 +184,7 @@ class _ForkServerClient:
             return False
 
     def can_stand_in(self, env: dict[str, str]) -> bool:
-        if not self.alive():
-            return False
-        names = set(env) | set(self.env)
-        return not any(read_at_import(n) and env.get(n) != self.env.get(n) for n in names)
+        return self.alive() and not _differs_at_import(env, self.env, self.preload)
 
     def fork(self, request: dict, fds: list[int]) -> int:
         with self.lock:
@@ -165,18 +198,16 @@ class _ForkServerClient:
 class _ForkServer(_ForkServerClient):
     """A fork server this process starts and owns (it exits when this process hangs up), in the
     suite's environment; with `listen`, other processes may connect to it at that path.
-    `preload=False` skips the heavy imports (seconds of CPU): for tests of the fork server
-    itself, whose children import nothing heavy."""
+    `preload`: FULL, WITHOUT_HF, or NOTHING (seconds of CPU fewer: for tests of the fork server
+    itself, whose children import nothing heavy)."""
 
-    def __init__(self, preload: bool = True, listen: str | None = None,
+    def __init__(self, preload: str = FULL, listen: str | None = None,
                  env: dict[str, str] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(_SUITE_ENV if env is None else env)
         # What its imports print (torchao's, say) goes to a log, not into pytest's output.
         self.log = Path(tempfile.gettempdir()) / f"tinker-local-fork-server-{os.getpid()}.log"
-        argv = [sys.executable, str(ZYGOTE), str(theirs.fileno())]
-        if not preload:
-            argv.append("--no-preload")
+        argv = [sys.executable, str(ZYGOTE), str(theirs.fileno()), "--preload", preload]
         if listen is not None:
             argv += ["--listen", listen]
         with self.log.open("wb") as log:
@@ -185,7 +216,7 @@ class _ForkServer(_ForkServerClient):
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
             )  # fmt: skip
         theirs.close()
-        super().__init__(ours, env, self.process.pid)
+        super().__init__(ours, env, self.process.pid, preload)
         self.listen = listen
         atexit.register(self.close)
 
@@ -211,37 +242,55 @@ class _ForkServer(_ForkServerClient):
             raise RuntimeError(f"{gone}; its output: {self.log}") from None
 
 
-_server: _ForkServerClient | None = None
+# This process's fork servers by kind, started or connected to on first use.
+_servers: dict[str, _ForkServerClient] = {}
 _server_lock = threading.Lock()
 # Whether this process's Python children fork their own from the fork server: in a process
-# started with `fork_descendants`, so that it passes on to every generation.
+# started with `fork_descendants`, so that it passes on to every generation. Such a process
+# uses the fork server it came from, and no other.
 _descendants_forked = False
 
 
-def _fork_server() -> _ForkServerClient:
-    global _server
+def _fork_server(kind: str = FULL) -> _ForkServerClient:
     with _server_lock:
-        if _server is None or not _server.alive():
-            _server = _connect_to_the_shared_fork_server() or _ForkServer()
-        return _server
+        server = _servers.get(kind)
+        if server is None or not server.alive():
+            server = _connect_to_the_shared_fork_server(kind) or _ForkServer(preload=kind)
+            _servers[kind] = server
+        return server
+
+
+def _server_standing_in_for(env: dict[str, str]) -> _ForkServerClient | None:
+    """The first fork server that can stand in for a new interpreter with environment `env`;
+    none is started for a child it could not fork."""
+    if _descendants_forked:
+        return next((s for s in _servers.values() if s.can_stand_in(env)), None)
+    for kind in _SERVER_KINDS:
+        if not _differs_at_import(env, _SUITE_ENV, kind):
+            server = _fork_server(kind)
+            if server.can_stand_in(env):
+                return server
+    return None
 
 
 def start_shared_fork_server() -> None:
-    """Start this process's fork server listening on a socket, and name the socket in the
-    environment that the xdist workers inherit: they share it instead of starting one each
+    """Start this process's fork servers listening on sockets, and name the sockets in the
+    environment that the xdist workers inherit: they share them instead of starting their own
     (~9 s of CPU and ~0.6 GB of memory apiece)."""
-    global _server
-    path = os.path.join(tempfile.mkdtemp(prefix="tinker-local-fork-"), "socket")
+    paths = {}
     with _server_lock:
-        _server = _ForkServer(listen=path, env=dict(os.environ))
+        for kind in _SERVER_KINDS:
+            paths[kind] = os.path.join(tempfile.mkdtemp(prefix="tinker-local-fork-"), "socket")
+            _servers[kind] = _ForkServer(preload=kind, listen=paths[kind], env=dict(os.environ))
     deadline = time.monotonic() + 60
-    while not os.path.exists(path) and _server.alive() and time.monotonic() < deadline:
-        time.sleep(0.01)  # it listens before it imports anything
-    os.environ[SHARED_FORK_SERVER_ENV] = path
+    for kind, path in paths.items():
+        while not os.path.exists(path) and _servers[kind].alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # it listens before it imports anything
+        os.environ[SHARED_FORK_SERVER_ENV[kind]] = path
 
 
-def _connect_to_the_shared_fork_server() -> _ForkServerClient | None:
-    path = os.environ.get(SHARED_FORK_SERVER_ENV)
+def _connect_to_the_shared_fork_server(kind: str) -> _ForkServerClient | None:
+    path = os.environ.get(SHARED_FORK_SERVER_ENV.get(kind, ""))
     if not path:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -251,15 +300,17 @@ def _connect_to_the_shared_fork_server() -> _ForkServerClient | None:
     except (OSError, ValueError):  # it has gone: this process starts its own
         conn.close()
         return None
-    return _ForkServerClient(conn, hello["env"], hello["pid"])
+    return _ForkServerClient(conn, hello["env"], hello["pid"], hello["preload"])
 
 
-def use_fork_server(conn: socket.socket, env: dict[str, str]) -> None:
+def use_fork_server(conn: socket.socket, env: dict[str, str], preload: str) -> None:
     """Fork this process's children, and theirs, from the fork server at the other end of
-    `conn` (this process is one of its children, started with `fork_descendants`)."""
-    global _server, _descendants_forked
+    `conn` (this process is one of its children, started with `fork_descendants`), which was
+    started with `env` and `preload`."""
+    global _descendants_forked
     with _server_lock:
-        _server = _ForkServerClient(conn, env, os.getppid())
+        _servers.clear()
+        _servers[preload] = _ForkServerClient(conn, env, os.getppid(), preload)
         _descendants_forked = True
 
 
@@ -268,6 +319,7 @@ class Popen(subprocess.Popen):
 
     def __init__(self, args: Any, *, fresh: bool = False, fork_descendants: bool | None = None,
                  **kwargs: Any) -> None:
+        self._fork_server: _ForkServerClient | None = None
         self._fork_target = None if fresh else self._fork_target_of(args, kwargs)
         if fork_descendants is None:
             fork_descendants = _descendants_forked
@@ -276,15 +328,15 @@ class Popen(subprocess.Popen):
         self._status: socket.socket | None = None
         super().__init__(args, **kwargs)
 
-    @staticmethod
-    def _fork_target_of(args: Any, kwargs: dict[str, Any]) -> dict | None:
+    def _fork_target_of(self, args: Any, kwargs: dict[str, Any]) -> dict | None:
         if any(kwargs.get(k, default) != default for k, default in _FORK_SERVER_DEFAULTS.items()):
             return None
         target = _target(args)
         if target is None:
             return None
         env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-        if not _fork_server().can_stand_in(env):
+        self._fork_server = _server_standing_in_for(env)
+        if self._fork_server is None:
             return None
         return {**target, "env": env}
 
@@ -309,7 +361,8 @@ class Popen(subprocess.Popen):
         request = {**self._fork_target, "cwd": os.fspath(cwd) if cwd else None,
                    "new_session": bool(start_new_session)}  # fmt: skip
         try:
-            self.pid = _fork_server().fork(request, [*stdio, status_there.fileno()])
+            assert self._fork_server is not None
+            self.pid = self._fork_server.fork(request, [*stdio, status_there.fileno()])
             self._child_created = True
             self._status = status_here
         finally:

@@ -1,8 +1,9 @@
 """The fork server behind tests/support/processes.py:
-`python zygote.py FD [--no-preload] [--listen SOCKET_PATH]`.
+`python zygote.py FD [--preload full|without-hf|nothing] [--listen SOCKET_PATH]`.
 
 It imports once what nearly every Python process the suite starts imports (torch, transformers
-and peft, the tinker SDK, the server and engine, the cookbook), then waits on the Unix socket
+and peft, the tinker SDK, the server and engine; `without-hf`: all but the Hugging Face
+libraries, for children with a HF_HOME or hub of their own), then waits on the Unix socket
 FD. Each request (argv, environment, working directory, and the child's stdin, stdout and
 stderr as passed file descriptors) forks a child that takes on those, runs the module, script
 or code as `__main__` as `python` would, and exits the way a Python process exits (atexit,
@@ -68,14 +69,24 @@ PRELOAD = (
     "matplotlib.figure",
     "matplotlib.backends.backend_agg",
 )
+# For children whose environment differs in what the Hugging Face libraries read at import:
+# what they import that does not import those libraries (~3.5 s of a new interpreter's ~9).
+PRELOAD_WITHOUT_HF = ("torch", "numpy", "tinker", "fastapi", "uvicorn", "httpx")
+# The libraries that read HF_*, TRANSFORMERS_*... at import (processes.py's
+# _READ_BY_HF_LIBRARIES), and what imports them: none may be imported by PRELOAD_WITHOUT_HF.
+HF_LIBRARIES = (
+    "huggingface_hub", "transformers", "tokenizers", "safetensors", "datasets", "peft",
+    "accelerate", "bitsandbytes", "torchao", "tinker_cookbook",
+)
+PRELOADS = {"full": PRELOAD, "without-hf": PRELOAD_WITHOUT_HF, "nothing": ()}
 
 
-def preload() -> None:
+def preload(modules: tuple[str, ...]) -> None:
     # With the collector paused, as the product's engine processes import (apps/startup.py);
     # main() collects and freezes afterwards.
     gc.disable()
     try:
-        for name in PRELOAD:
+        for name in modules:
             try:
                 __import__(name)
             except ImportError:
@@ -115,7 +126,7 @@ def serve(conn: socket.socket, listener: socket.socket | None = None) -> tuple[d
                 continue
             if key.fileobj is listener:
                 accepted, _addr = listener.accept()
-                _reply(accepted, {"pid": os.getpid(), "env": SERVER_ENV})
+                _reply(accepted, {"pid": os.getpid(), "env": SERVER_ENV, "preload": SERVER_PRELOAD})
                 other_conns.append(accepted)
                 selector.register(accepted, selectors.EVENT_READ)
                 continue
@@ -205,8 +216,10 @@ def _fresh_random_state() -> None:
         sys.modules["torch"].seed()
 
 
-# This server's environment, which processes.py compares a child's with.
+# This server's environment, which processes.py compares a child's with, and what it imported
+# (a key of PRELOADS).
 SERVER_ENV: dict[str, str] = {}
+SERVER_PRELOAD = "full"
 # Modules that bind `subprocess.Popen` when imported, which PRELOAD has done: torch's elastic
 # agent starts the ranks of `tinker-local serve --nproc-per-node N` through this one.
 POPEN_BOUND_AT_IMPORT = ("torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler",)
@@ -223,7 +236,7 @@ def _fork_children_here(fd: int) -> None:
     assert spec is not None and spec.loader is not None
     processes = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(processes)
-    processes.use_fork_server(socket.socket(fileno=fd), SERVER_ENV)
+    processes.use_fork_server(socket.socket(fileno=fd), SERVER_ENV, SERVER_PRELOAD)
     subprocess.Popen = processes.Popen  # type: ignore[misc]
     for name in POPEN_BOUND_AT_IMPORT:
         if name in sys.modules:
@@ -276,12 +289,14 @@ def become(request: dict, fds: list[int]) -> None:
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="zygote.py", description="the suite's fork server")
     parser.add_argument("fd", type=int, help="this server's end of its owner's socket pair")
-    parser.add_argument("--no-preload", action="store_true", help="skip the heavy imports")
+    parser.add_argument("--preload", choices=sorted(PRELOADS), default="full",
+                        help="what to import before forking")
     parser.add_argument("--listen", metavar="SOCKET_PATH", help="accept other clients here too")
     return parser.parse_args()
 
 
 def main() -> tuple[dict, list[int]]:
+    global SERVER_PRELOAD
     arguments = _arguments()
     conn = socket.socket(fileno=arguments.fd)
     sys.path[0] = os.getcwd()  # not this folder: the helpers beside it are not the children's
@@ -290,8 +305,11 @@ def main() -> tuple[dict, list[int]]:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(arguments.listen)
         listener.listen()
-    if not arguments.no_preload:
-        preload()
+    SERVER_PRELOAD = arguments.preload
+    preload(PRELOADS[arguments.preload])
+    if arguments.preload != "full":  # processes.py lets the HF libraries' variables differ
+        imported = [name for name in HF_LIBRARIES if name in sys.modules]
+        assert not imported, f"--preload {arguments.preload} imported {imported}"
     # What a fork cannot share: threads (the children would inherit their locks, not them) and
     # temporary folders that each process removes when it exits.
     assert threading.active_count() == 1, f"preloading started threads: {threading.enumerate()}"
