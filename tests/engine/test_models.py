@@ -198,6 +198,26 @@ def test_bases_loaded_in_several_threads_at_once_come_out_whole(tiny_model_folde
             assert torch.equal(tensor, reference[name]), name
 
 
+def test_a_folder_loaded_again_reuses_its_tokenizer_until_its_files_change(
+    tiny_model_folder, tmp_path
+):
+    """A base loaded again in one process (unloaded and loaded, plain beside quantised) shares
+    the tokenizer loaded first (registry.load_tokenizer); a folder whose tokenizer files have
+    changed since is read again, and another folder gets its own."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_folder, folder)
+    first = registry.load_base(str(folder), device="cpu").tokenizer
+    assert registry.load_base(str(folder), device="cpu").tokenizer is first
+    assert registry.load_tokenizer(tiny_model_folder) is not first
+    settings_file = folder / "tokenizer_config.json"
+    settings = json.loads(settings_file.read_text())
+    settings["model_max_length"] = 123_456  # the file's size changes too
+    settings_file.write_text(json.dumps(settings))
+    again = registry.load_tokenizer(folder)
+    assert again is not first and again.model_max_length == 123_456
+    assert first.model_max_length != 123_456
+
+
 def test_folder_without_marker_is_rebuilt(tmp_path):
     final = tmp_path / "tinker-local--tiny-llama"
     final.mkdir()

@@ -9,6 +9,7 @@ Names, in the order they are tried:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -241,8 +242,6 @@ def load_base(
     """Load model `name` frozen, in eval mode, and make its tokenizer resolvable offline by name.
     `quantization` "int8"/"nf4": its Linear layers quantised (`quantization.py`; a
     `QuantizationError` when that cannot be done for this model or device)."""
-    from transformers import AutoTokenizer
-
     folder = resolve_model(name)
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
@@ -271,7 +270,7 @@ def load_base(
                     human_bytes(quant.weight_bytes(model)))
     model.eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_tokenizer(folder)
     ensure_tokenizer_resolvable(name, folder)
     return LoadedBase(
         name=name,
@@ -282,6 +281,30 @@ def load_base(
         vocab_size=int(model.config.get_text_config().vocab_size),
         quantization=method,
     )
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer in model folder `folder`. A folder loaded again in this process (a base
+    unloaded and loaded again, a quantised base beside the plain one, the ranks' shards in a
+    group's process) gets the tokenizer loaded the first time, unless its files changed since:
+    a load parses the whole tokenizer.json (0.1 s for SmolLM2's, ~1 s for a 151k-token Qwen
+    vocabulary). Bases may share one because nothing here changes a tokenizer after loading it
+    (no padding or truncation settings, no added tokens)."""
+    files = tuple(
+        (entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+        for entry in sorted(folder.iterdir())
+        if entry.name in TOKENIZER_SNAPSHOT_FILES
+    )
+    return _load_tokenizer(str(folder.resolve()), files)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(folder: str, _files: tuple) -> PreTrainedTokenizerBase:
+    """`_files`: the names, sizes and times of the folder's tokenizer files, so that a changed
+    folder is a new key."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

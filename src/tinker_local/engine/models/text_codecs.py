@@ -78,10 +78,7 @@ def codec_for(name: str) -> HfTextCodec:
     if codec is not None:
         return codec
     folder = _tokenizer_folder(name)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    codec = HfTextCodec(tokenizer, _context_length(folder))
+    codec = HfTextCodec(registry.load_tokenizer(folder), _context_length(folder))
     with _codecs_lock:
         return _codecs.setdefault(name, codec)
 
