@@ -70,8 +70,11 @@ PRELOAD = (
     "matplotlib.backends.backend_agg",
 )
 # For children whose environment differs in what the Hugging Face libraries read at import:
-# what they import that does not import those libraries (~3.5 s of a new interpreter's ~9).
-PRELOAD_WITHOUT_HF = ("torch", "numpy", "tinker", "fastapi", "uvicorn", "httpx")
+# what they import that does not import those libraries (~4 s of a new interpreter's ~9).
+PRELOAD_WITHOUT_HF = (
+    "torch", "numpy", "tinker", "fastapi", "uvicorn", "httpx",
+    "tinker_local.apps.cli", "tinker_local.apps.serve", "tinker_local.server.http.start",
+)
 # The libraries that read HF_*, TRANSFORMERS_*... at import (processes.py's
 # _READ_BY_HF_LIBRARIES), and what imports them: none may be imported by PRELOAD_WITHOUT_HF.
 HF_LIBRARIES = (
