@@ -81,7 +81,9 @@ def conversations_file() -> Path:
 def run_logged(
     cmd: list[str], log: Path, *, env: dict[str, str], cwd: Path, timeout_s: float
 ) -> str:
-    """Run `cmd` with stdout+stderr to `log`; fail with the log's tail when it exits non-zero."""
+    """Run `cmd` with stdout+stderr to `log`; fail with the log's tail when it exits non-zero.
+    The Python processes it starts (the recipe under `tinker-local run`, its local server) are
+    forked from the fork server too, when they can be (tests/support/processes.py)."""
     with log.open("w") as out:
         try:
             proc = processes.run(
@@ -92,6 +94,7 @@ def run_logged(
                 env=env,
                 cwd=cwd,
                 timeout=timeout_s,
+                fork_descendants=True,
             )
         except subprocess.TimeoutExpired:
             pytest.fail(f"{cmd[:6]}... ran past {timeout_s} s; log tail:\n{tail(log)}")
