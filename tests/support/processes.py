@@ -11,10 +11,11 @@ A child whose environment differs only in what the Hugging Face libraries read a
 HF_HOME of its own, a fake hub's HF_ENDPOINT: the cookbook recipes, `models pull`) cannot be
 forked from that server, which has imported them. It is forked from a second one that has
 imported torch, the SDK and the web stack but none of those libraries (`WITHOUT_HF`), and
-imports them itself, reading its own environment: ~3.5 s of CPU saved of each such child's
-~9. The child is still a process of
-its own: its own pid, stdio, environment, working directory and session; it runs its module,
-script or `-c` code as `__main__`, answers signals, and exits with its own code.
+imports them itself, reading its own environment: ~4 s of CPU saved of each such child's ~9.
+
+Either way, the child is still a process of its own: its own pid, stdio, environment, working
+directory and session; it runs its module, script or `-c` code as `__main__`, answers signals,
+and exits with its own code.
 
 A process is started the usual way (fork and exec) instead when the fork server cannot stand in
 for a new interpreter:

@@ -15,7 +15,7 @@ it passed with the request. This process never starts a thread and never compute
 so the children do not inherit held locks or a half-initialised OpenMP pool.
 
 With `--listen`, other processes may connect at SOCKET_PATH and send requests too (the xdist
-workers of a run share one fork server); each learns this server's pid and environment first.
+workers of a run share its fork servers); each learns this server's pid and environment first.
 The server ends when the process that started it (on FD) hangs up.
 
 A request may ask that the child's own Python children, and theirs, be forked here too
@@ -310,9 +310,11 @@ def main() -> tuple[dict, list[int]]:
         listener.listen()
     SERVER_PRELOAD = arguments.preload
     preload(PRELOADS[arguments.preload])
-    if arguments.preload != "full":  # processes.py lets the HF libraries' variables differ
-        imported = [name for name in HF_LIBRARIES if name in sys.modules]
-        assert not imported, f"--preload {arguments.preload} imported {imported}"
+    # processes.py lets a child's HF_DATASETS_* differ from this server's, and for the others
+    # all the variables the HF libraries read at import: none of those may be imported here.
+    must_not_import = ("datasets",) if arguments.preload == "full" else HF_LIBRARIES
+    imported = [name for name in must_not_import if name in sys.modules]
+    assert not imported, f"--preload {arguments.preload} imported {imported} (read at import)"
     # What a fork cannot share: threads (the children would inherit their locks, not them) and
     # temporary folders that each process removes when it exits.
     assert threading.active_count() == 1, f"preloading started threads: {threading.enumerate()}"
@@ -323,8 +325,6 @@ def main() -> tuple[dict, list[int]]:
         warnings.simplefilter("ignore")
         shared = [o.name for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
     assert not shared, f"preloading made temporary folders each child would delete: {shared}"
-    # processes.py lets HF_DATASETS_* differ from this process's environment because of this.
-    assert "datasets" not in sys.modules, "preloading imported `datasets`, which reads HF_DATASETS_*"
     SERVER_ENV.update(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -290,12 +290,14 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     a load parses the whole tokenizer.json (0.1 s for SmolLM2's, ~1 s for a 151k-token Qwen
     vocabulary). Bases may share one because nothing here changes a tokenizer after loading it
     (no padding or truncation settings, no added tokens)."""
-    files = tuple(
-        (entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
-        for entry in sorted(folder.iterdir())
-        if entry.name in TOKENIZER_SNAPSHOT_FILES
-    )
-    return _load_tokenizer(str(folder.resolve()), files)
+    files = []
+    for name in TOKENIZER_SNAPSHOT_FILES:
+        try:
+            stat = (folder / name).stat()
+        except FileNotFoundError:
+            continue
+        files.append((name, stat.st_size, stat.st_mtime_ns))
+    return _load_tokenizer(str(folder.resolve()), tuple(files))
 
 
 @functools.lru_cache(maxsize=4)
