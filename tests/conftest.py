@@ -102,11 +102,14 @@ if not _worker:  # fork servers named by a run this pytest was started from are 
 
 def pytest_configure(config: pytest.Config) -> None:
     """With several xdist workers, the controller starts the fork servers they share
-    (tests/support/processes.py), in the environment they will have, while they collect."""
+    (tests/support/processes.py), in the environment they will have, and the workers
+    themselves are forked from the first (tests/support/xdist_worker.py): they collect the
+    suite with torch, transformers, peft and the server already imported."""
     workers = getattr(config.option, "numprocesses", None)
     if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 1:
         _one_thread_per_worker()
         processes.start_shared_fork_server()
+        config.option.tx = [processes.forked_xdist_worker(spec) for spec in config.option.tx]
 
 
 # `integration` means what pyproject.toml says: the test uses the real built-in model. A test

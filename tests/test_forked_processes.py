@@ -299,3 +299,41 @@ def test_the_xdist_workers_share_the_fork_servers_their_controller_started(monke
     own.close()
     for variable in processes.SHARED_FORK_SERVER_ENV.values():
         assert not Path(os.environ[variable]).parent.exists()
+
+
+def test_xdist_workers_are_forked_by_the_python_the_suite_names(monkeypatch) -> None:
+    """An execnet popen gateway, as xdist makes one per worker, with the python tests/conftest.py
+    gives xdist (processes.forked_xdist_worker: tests/support/xdist_worker.py): the worker is
+    forked from the controller's fork server, speaks execnet over its stand-in's stdin and
+    stdout, and its exit is its stand-in's. Where the fork server cannot stand in, the worker
+    is a new interpreter."""
+    import execnet
+
+    monkeypatch.setattr(processes, "_ForkServer", _importing_nothing(processes._ForkServer))
+    monkeypatch.setattr(processes, "_servers", {})
+    for variable in processes.SHARED_FORK_SERVER_ENV.values():
+        monkeypatch.delenv(variable, raising=False)
+    processes.start_shared_fork_server()  # as the controller does, before xdist's workers
+    server = processes._servers[processes.FULL]
+    spec = processes.forked_xdist_worker("popen")
+    assert spec != "popen" and processes.forked_xdist_worker("ssh=elsewhere") == "ssh=elsewhere"
+    asks = "import os, sys; channel.send((os.getppid(), sys.argv, channel.receive() * 2))"
+    try:
+        gateway = execnet.makegateway(spec)
+        channel = gateway.remote_exec(asks)
+        channel.send(21)
+        parent, argv, answer = channel.receive(60)
+        assert (parent, argv, answer) == (server.process.pid, ["-c"], 42)
+        stand_in = gateway._io.popen
+        gateway.exit()
+        assert stand_in.wait(60) == 0
+
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read at import: no fork server has it
+        gateway = execnet.makegateway(spec)
+        parent = gateway.remote_exec("import os; channel.send(os.getppid())").receive(60)
+        assert parent == gateway._io.popen.pid  # a new interpreter, the stand-in's child
+        gateway.exit()
+        assert gateway._io.popen.wait(60) == 0
+    finally:
+        for started in processes._servers.values():
+            started.close()

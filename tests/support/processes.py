@@ -39,6 +39,7 @@ import atexit
 import json
 import os
 import select
+import shlex
 import shutil
 import socket
 import struct
@@ -302,6 +303,18 @@ def _connect_to_the_shared_fork_server(kind: str) -> _ForkServerClient | None:
         conn.close()
         return None
     return _ForkServerClient(conn, hello["env"], hello["pid"], hello["preload"])
+
+
+XDIST_WORKER = Path(__file__).with_name("xdist_worker.py")
+
+
+def forked_xdist_worker(spec: str) -> str:
+    """xdist's spec of a local worker ("popen": `-n N` makes N of them) with xdist_worker.py
+    as its python, so that the worker is forked from the fork server; any other spec (a
+    `--tx` of the user's own) as it is."""
+    if spec != "popen":
+        return spec
+    return f"popen//python={shlex.join([sys.executable, str(XDIST_WORKER)])}"
 
 
 def use_fork_server(conn: socket.socket, env: dict[str, str], preload: str) -> None:
