@@ -151,10 +151,14 @@ SMOLLM2_AS = "Qwen/Qwen3-4B-Instruct-2507"
 
 def place_in_hub_cache(hf_home: Path, name: str, folder: Path) -> Path:
     """`folder`'s files as the HF hub cache snapshot of `name` (symlinks, as the cache keeps
-    them), so the server and `AutoTokenizer.from_pretrained(name)` find it offline."""
+    them), so the server and `AutoTokenizer.from_pretrained(name)` find it offline. In the
+    run's own cache (`HF_HOME` of tests/conftest.py), a name placed by an earlier run that
+    reused the test home is left as it is."""
     repo = hf_home / "hub" / ("models--" + name.replace("/", "--"))
     revision = "0" * 39 + "1"
     snapshot = repo / "snapshots" / revision
+    if (repo / "refs" / "main").is_file():
+        return snapshot
     snapshot.mkdir(parents=True)
     for item in folder.iterdir():
         if item.name != "tinker_local_builtin.json":
@@ -164,12 +168,20 @@ def place_in_hub_cache(hf_home: Path, name: str, folder: Path) -> Path:
     return snapshot
 
 
-def prefill_gsm8k_cache(hf_home: Path, rows: list[dict[str, str]], work: Path) -> None:
-    """The HF datasets cache that an online `datasets.load_dataset("openai/gsm8k", "main")`
-    leaves, holding `rows` ({"question", "answer": "... #### N"}): built with datasets' own
-    parquet builder, in that dataset's cache folder. Offline, load_dataset then reads it
-    ("Using the latest cached version of the dataset"). Runs in a child process, so this
-    process's datasets settings are untouched."""
+def run_hub_cache() -> Path:
+    """This test run's HF_HOME (tests/conftest.py), which the suite's fork servers have: a
+    recipe whose model is placed here, and whose datasets cache alone is its own
+    (HF_DATASETS_CACHE, which no fork server has read), is forked from the first fork server
+    (tests/support/processes.py) instead of importing transformers and peft itself."""
+    return Path(os.environ["HF_HOME"])
+
+
+def prefill_gsm8k_cache(datasets_cache: Path, rows: list[dict[str, str]], work: Path) -> None:
+    """The HF datasets cache (`datasets_cache`, a recipe's HF_DATASETS_CACHE) that an online
+    `datasets.load_dataset("openai/gsm8k", "main")` leaves, holding `rows` ({"question",
+    "answer": "... #### N"}): built with datasets' own parquet builder, in that dataset's cache
+    folder. Offline, load_dataset then reads it ("Using the latest cached version of the
+    dataset"). Runs in a child process, so this process's datasets settings are untouched."""
     script = """
 import json, os, shutil, sys
 from pathlib import Path
@@ -190,7 +202,7 @@ target.parent.mkdir(parents=True)
 shutil.move(builder.cache_dir, target)
 shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "gsm8k")
 """
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "HF_DATASETS_CACHE": str(datasets_cache), "HF_DATASETS_OFFLINE": "1"}
     processes.run(
         [sys.executable, "-c", script, json.dumps(rows), str(work)], check=True, env=env,
         capture_output=True,

@@ -52,13 +52,13 @@ shutil.rmtree(Path(config.HF_DATASETS_CACHE) / "caltech101")
 """
 
 
-def prefill_caltech101_cache(hf_home: Path, work: Path, classes: list[str], per_class: int,
-                             test_rows: int) -> None:
-    """The cache entry of `dpdl-benchmark/caltech101` with `per_class` train images of each of
-    `classes` and `test_rows` test images (in a child process: this process's `datasets`
-    settings stay as they are)."""
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1"}
+def prefill_caltech101_cache(datasets_cache: Path, work: Path, classes: list[str],
+                             per_class: int, test_rows: int) -> None:
+    """The entry of `dpdl-benchmark/caltech101` in the datasets cache `datasets_cache` (a
+    recipe's HF_DATASETS_CACHE) with `per_class` train images of each of `classes` and
+    `test_rows` test images (in a child process: this process's `datasets` settings stay as
+    they are)."""
+    env = {**os.environ, "HF_DATASETS_CACHE": str(datasets_cache), "HF_DATASETS_OFFLINE": "1"}
     processes.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(classes), str(per_class), str(test_rows),
          str(work)],

@@ -5,12 +5,13 @@ sampled sequences, and trains with `loss_fn="stable_reinforce"`. It is started t
 docs/cookbook.md says: `tinker-local run -- python -m tinker_cookbook.recipes.rl_loop ...`,
 small sizes through its own options, and nothing on the command line about the loss.
 
-What the recipe downloads is put where a user's earlier online run leaves it, in a private
-HF cache (see cookbook_support): the GSM8K dataset (as the datasets cache of
-`load_dataset("openai/gsm8k", "main")`) and the model. rl_loop picks its renderer from the
-model name and knows only hosted models, so the built-in SmolLM2 sits in that cache under
-`SMOLLM2_AS`, a name whose renderer (qwen3_instruct) writes SmolLM2's chat format. Its tokenizer
-comes with it, so the recipe's `get_tokenizer` before any client exists works offline.
+What the recipe downloads is put where a user's earlier online run leaves it (see
+cookbook_support): the model in the run's hub cache, the GSM8K dataset in a datasets cache of
+the test's own (HF_DATASETS_CACHE, as the cache of `load_dataset("openai/gsm8k", "main")`: its
+rows are not GSM8K's). rl_loop picks its renderer from the model name and knows only hosted
+models, so the built-in SmolLM2 sits in the hub cache under `SMOLLM2_AS`, a name whose renderer
+(qwen3_instruct) writes SmolLM2's chat format. Its tokenizer comes with it, so the recipe's
+`get_tokenizer` before any client exists works offline.
 
 The problems are easy ones ("What is 3 + 4? The answer is \\boxed{7}."): the recipe skips a
 batch whose rewards are all equal, and the 135M model must get some right and some wrong for
@@ -34,6 +35,7 @@ from cookbook_support import (
     prefill_gsm8k_cache,
     read_jsonl,
     requires_cookbook,
+    run_hub_cache,
     run_logged,
 )
 
@@ -84,10 +86,10 @@ def _run(tmp_path: Path, env: dict[str, str], attempt: int) -> list[dict]:
 
 
 def test_rl_loop_runs_with_its_default_loss(tmp_path: Path, builtin_model_folder: Path) -> None:
-    hf_home = tmp_path / "hf"
-    place_in_hub_cache(hf_home, SMOLLM2_AS, builtin_model_folder)
-    prefill_gsm8k_cache(hf_home, _easy_problems(), tmp_path)
-    env = {**cookbook_env(), "HF_HOME": str(hf_home)}
+    place_in_hub_cache(run_hub_cache(), SMOLLM2_AS, builtin_model_folder)
+    datasets_cache = tmp_path / "datasets"
+    prefill_gsm8k_cache(datasets_cache, _easy_problems(), tmp_path)
+    env = {**cookbook_env(), "HF_DATASETS_CACHE": str(datasets_cache)}
     runs = []
     for attempt in range(ATTEMPTS):
         metrics = _run(tmp_path, env, attempt)

@@ -1,11 +1,12 @@
 """tinker-cookbook's vlm_classifier recipe, unmodified: `train` for two steps, then `eval` on the
 checkpoint it saved, against a `tinker-local serve` subprocess.
 
-The model: the tiny random Qwen3-VL-MoE built-in placed in the hub cache under
+The model: the tiny random Qwen3-VL-MoE built-in placed in the run's hub cache under
 `Qwen/Qwen3-VL-30B-A3B-Instruct`, as a user who pulled that model has it (the recipe and the
 cookbook's `get_tokenizer` / `get_image_processor` read it from there; the cookbook lists the name
 as a vision model whose renderer is `qwen3_vl_instruct`). The data: a small synthetic dataset in
-caltech101's layout, as the prepared `datasets` cache entry of `dpdl-benchmark/caltech101`.
+caltech101's layout, as the prepared entry of `dpdl-benchmark/caltech101` in a datasets cache
+of the module's own (HF_DATASETS_CACHE).
 The renderer is named on the command line: the recipe's default is Qwen3.5's, for its default
 Qwen3.5 model.
 """
@@ -27,6 +28,7 @@ from cookbook_support import (
     place_in_hub_cache,
     read_jsonl,
     requires_cookbook,
+    run_hub_cache,
     run_logged,
 )
 from image_datasets import prefill_caltech101_cache
@@ -47,24 +49,24 @@ BATCH = 3
 @dataclass
 class Served:
     base_url: str
-    hf_home: Path
+    datasets_cache: Path
     home: Path
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory,
            home_with_the_runs_models: Callable[[Path], Path]) -> Iterator[Served]:
-    """`tinker-local serve` on a hub cache holding the VLM and the dataset."""
-    hf_home = tmp_path_factory.mktemp("hf")
-    place_in_hub_cache(hf_home, MODEL, builtin.ensure_built(TINY_QWEN3_VL_MOE))
-    prefill_caltech101_cache(hf_home, tmp_path_factory.mktemp("caltech"), CLASSES,
+    """`tinker-local serve` on the run's hub cache, which holds the VLM; the dataset's cache."""
+    place_in_hub_cache(run_hub_cache(), MODEL, builtin.ensure_built(TINY_QWEN3_VL_MOE))
+    datasets_cache = tmp_path_factory.mktemp("datasets")
+    prefill_caltech101_cache(datasets_cache, tmp_path_factory.mktemp("caltech"), CLASSES,
                              per_class=4, test_rows=3)
     folder = tmp_path_factory.mktemp("serve")
-    env = {**cookbook_env(), "HF_HOME": str(hf_home)}
+    env = {**cookbook_env(), "HF_DATASETS_CACHE": str(datasets_cache)}
     server = ServeProcess(log=folder / "serve.log", env=env,
                           home=home_with_the_runs_models(folder / "home"))
     try:
-        yield Served(server.start(timeout_s=180).base_url, hf_home, server.home)
+        yield Served(server.start(timeout_s=180).base_url, datasets_cache, server.home)
     finally:
         server.stop()
 
@@ -80,7 +82,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Run:
     work = tmp_path_factory.mktemp("vlm_classifier")
-    env = {**cookbook_env(served.base_url), "HF_HOME": str(served.hf_home)}
+    env = {**cookbook_env(served.base_url), "HF_DATASETS_CACHE": str(served.datasets_cache)}
     train = [
         sys.executable, "-m", "tinker_cookbook.recipes.vlm_classifier.train",
         f"experiment_dir={work / 'runs'}", f"model_name={MODEL}", f"renderer_name={RENDERER}",
