@@ -3,8 +3,8 @@ of the cookbook's default model, `Qwen/Qwen3.5-4B`.
 
 A user who pulled Qwen3.5-4B has it in the local Hugging Face cache; here the tiny Qwen3.5
 built-in (the same architecture and checkpoint layout: Gated DeltaNet linear-attention layers
-between gated full-attention layers, a vision tower, Qwen3.5's tokenizer) sits there under that
-name. The command line names no renderer: the recipe asks `model_info` for the model's
+between gated full-attention layers, a vision tower, Qwen3.5's tokenizer) sits in the run's
+hub cache under that name. The command line names no renderer: the recipe asks `model_info` for the model's
 recommended one and gets `qwen3_5` (its `<think>` prefill, Qwen3.5's special tokens), and its
 `get_tokenizer` reads the cached tokenizer offline. The recipe samples with the server's hybrid
 sampler (a recurrent state per row), trains with its default `stable_reinforce` loss, and checks
@@ -23,6 +23,7 @@ from cookbook_support import (
     place_in_hub_cache,
     read_jsonl,
     requires_cookbook,
+    run_hub_cache,
     run_logged,
 )
 
@@ -38,8 +39,7 @@ MAX_TOKENS = 6
 def test_math_rl_runs_on_a_hybrid_qwen3_5_with_the_renderer_it_picks(tmp_path):
     from tinker_local.engine.models import builtin
 
-    hf_home = tmp_path / "hf"
-    place_in_hub_cache(hf_home, QWEN3_5_AS, builtin.ensure_built(builtin.TINY_QWEN3_5))
+    place_in_hub_cache(run_hub_cache(), QWEN3_5_AS, builtin.ensure_built(builtin.TINY_QWEN3_5))
     log_path = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "tinker_local.cli", "run", "--",
@@ -54,7 +54,7 @@ def test_math_rl_runs_on_a_hybrid_qwen3_5_with_the_renderer_it_picks(tmp_path):
         f"log_path={log_path}",
         "behavior_if_log_dir_exists=raise",
     ]
-    env = {**cookbook_env(), "HF_HOME": str(hf_home)}
+    env = cookbook_env()
     output = run_logged(cmd, tmp_path / "recipe.log", env=env, cwd=tmp_path, timeout_s=900)
     assert "Training completed successfully" in output
 
