@@ -13,12 +13,15 @@ models, so the built-in SmolLM2 sits in the hub cache under `SMOLLM2_AS`, a name
 (qwen3_instruct) writes SmolLM2's chat format. Its tokenizer comes with it, so the recipe's
 `get_tokenizer` before any client exists works offline.
 
-The problems are easy ones ("What is 3 + 4? The answer is \\boxed{7}."): the recipe skips a
-batch whose rewards are all equal, and the 135M model must get some right and some wrong for
-stable_reinforce to train. It gets about 1 in 10 right (measured: 13 of 128 samples at 16
-tokens), so a step of 8 groups of 4 trains with probability about 0.97, and a run of 2 steps
-trains at least once with probability about 0.999. The test needs a run that trained; if the
-first did not, it runs the recipe once more (a fresh log folder), and fails if neither did.
+The problems are easy ones whose answer is 3, the answer of the recipe's few-shot example
+("What is 7 - 4? The answer is \\boxed{3}."): the recipe skips a batch whose rewards are all
+equal, and the 135M model must get some right and some wrong for stable_reinforce to train. It
+rarely writes a \\boxed{} answer within 16 tokens, and most readily the example's: measured on
+12 of these problems, 21 of 384 samples right (5.5 %) and at least 1 of 32 on each (on sums
+of other values, 16 of 512, and none on 5 of 16 problems). So a step of 8 groups of 4 trains
+with probability about 0.84, and a run of 2 steps trains at least once with probability about
+0.97. The test needs a run that trained; if the first did not, it runs the recipe once more (a
+fresh log folder), and fails if neither did.
 """
 
 from __future__ import annotations
@@ -48,14 +51,11 @@ ATTEMPTS = 2
 
 
 def _easy_problems() -> list[dict[str, str]]:
-    rows = []
-    for a in range(1, 3):
-        for b in range(1, 9):
-            rows.append({
-                "question": f"What is {a} + {b}? The answer is \\boxed{{{a + b}}}.",
-                "answer": f"{a} + {b} = {a + b}\n#### {a + b}",
-            })
-    return rows  # 16 rows: 2 batches of 8
+    sums = [(a, "+", 3 - a) for a in range(4)]
+    differences = [(a, "-", a - 3) for a in range(4, 16)]
+    return [{"question": f"What is {a} {op} {b}? The answer is \\boxed{{3}}.",
+             "answer": f"{a} {op} {b} = 3\n#### 3"}
+            for a, op, b in sums + differences]  # 16 rows: 2 batches of 8
 
 
 def _run(tmp_path: Path, env: dict[str, str], attempt: int) -> list[dict]:
