@@ -67,6 +67,22 @@ def test_argv_path_directory_environment_and_stdin(tmp_path: Path) -> None:
     assert "RuntimeWarning" not in forked.stderr  # not "found in sys.modules" for a preloaded one
 
 
+def test_a_temporary_folder_of_its_own_is_the_one_a_forked_child_uses(tmp_path: Path) -> None:
+    """TMPDIR: the fork server forgot the folder its imports asked for (zygote.py), so the
+    child's `tempfile` finds the child's own, as a new interpreter's does."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    code = ("import tempfile; made = tempfile.mkdtemp(); "
+            "print(tempfile.gettempdir(), made.startswith(tempfile.gettempdir() + '/'))")
+    env = {**os.environ, "TMPDIR": str(folder)}
+    with processes.Popen([PY, "-c", code], env=env, stdout=subprocess.PIPE, text=True) as child:
+        out, _ = child.communicate(timeout=60)
+    assert child.forked and child.returncode == 0
+    real = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    assert out == real.stdout == f"{folder} True\n"
+
+
 def test_atexit_handlers_and_threads_finish_before_the_exit(tmp_path: Path) -> None:
     code = (
         "import atexit, threading, time\n"

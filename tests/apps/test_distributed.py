@@ -388,7 +388,7 @@ def test_run_starts_a_group_for_an_unmodified_script(tmp_path) -> None:
     temporary.mkdir()
     done = processes.run(
         [*CLI, "run", "--nproc-per-node", "2", "--", sys.executable, str(script)],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300, fork_descendants=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"),
              "TMPDIR": str(temporary)},
     )

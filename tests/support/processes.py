@@ -24,7 +24,7 @@ for a new interpreter:
 - the argv is not `sys.executable [-u] (-m MODULE | -c CODE | SCRIPT) ...`, or the call uses a
   Popen option the fork server does not carry (pass_fds, preexec_fn, user, umask, shell...);
 - the environment differs from both fork servers' in a variable that libraries read when they
-  are imported (OMP_*, PYTHON*, HOME, TMPDIR...; HF_* and TRANSFORMERS_* only matter to the
+  are imported (OMP_*, PYTHON*, HOME...; HF_* and TRANSFORMERS_* only matter to the
   first server).
 
 A forked child's own children are new interpreters, as they would be, unless the test passes
@@ -58,11 +58,12 @@ MAX_HELLO_BYTES = 1 << 20
 
 # Variables read at import time by torch, transformers, huggingface_hub, tokenizers, scipy,
 # matplotlib or Python itself: a child whose value differs needs a new interpreter. The rest
-# (TINKER_*, W&B, PYTEST_CURRENT_TEST...) are read when the code runs.
+# (TINKER_*, W&B, PYTEST_CURRENT_TEST...) are read when the code runs; so is TMPDIR, once the
+# fork server has forgotten the folder its imports asked for (zygote.py).
 _READ_AT_IMPORT = (
     "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "SAFETENSORS", "TORCH", "PYTORCH",
     "OMP_", "MKL_", "OPENBLAS", "KMP_", "GOMP", "CUDA", "PYTHON", "LD_", "LC_", "LANG",
-    "HOME", "XDG_", "TMPDIR", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON", "SCIPY", "MPL",
+    "HOME", "XDG_", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON", "SCIPY", "MPL",
 )
 # Exceptions: PYTHONUNBUFFERED (the fork server applies it to the child's stdio); what libraries
 # in the test process set for themselves and children inherit: torch's compile cache folder

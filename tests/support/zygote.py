@@ -325,6 +325,11 @@ def main() -> tuple[dict, list[int]]:
         warnings.simplefilter("ignore")
         shared = [o.name for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
     assert not shared, f"preloading made temporary folders each child would delete: {shared}"
+    # The temporary folder the imports asked for (dill's does at import) is forgotten: each
+    # child finds its own from its TMPDIR, as a new interpreter does (processes.py lets it
+    # differ). Two import-time copies stay the server's: dill's dump_session default and
+    # inductor's compiled-module profile path, which nothing the suite runs uses.
+    tempfile.tempdir = None
     SERVER_ENV.update(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
