@@ -1,7 +1,11 @@
-"""lm-evaluation-harness (`lm_eval`, its own CLI) against a checkpoint served by a real
-`tinker-local serve`: `local-completions` runs a loglikelihood task and a generation task,
-`local-chat-completions` the generation task, all defined here from local files (no hub); the
-loglikelihoods it reports equal the SDK's `compute_logprobs` of the same tokens."""
+"""lm-evaluation-harness (`lm_eval`) against a checkpoint served by a real `tinker-local serve`:
+`local-completions` runs a loglikelihood task and a generation task, `local-chat-completions`
+the generation task, all defined here from local files (no hub); the loglikelihoods it reports
+equal the SDK's `compute_logprobs` of the same tokens.
+
+The chat run uses lm_eval's CLI; the completions run its Python API (`simple_evaluate` with a
+`TaskManager` of these tasks alone), as a user's script does: the CLI first indexes all of
+lm_eval's 14,683 built-in tasks, ~10 s of CPU a run here."""
 
 from __future__ import annotations
 
@@ -94,16 +98,42 @@ def checkpoint(served: Served) -> tuple[tinker.SamplingClient, str]:
     return service.create_sampling_client(model_path=path).result(), path
 
 
+# lm_eval's Python API, writing its results and each task's samples as the CLI's
+# --output_path and --log_samples do.
+THROUGH_THE_API = """
+import sys
+import lm_eval
+from lm_eval.loggers import EvaluationTracker
+from lm_eval.tasks import TaskManager
+model, model_args, include_path, task_names, out = sys.argv[1:]
+tracker = EvaluationTracker(output_path=out)
+results = lm_eval.simple_evaluate(
+    model=model, model_args=model_args, tasks=task_names.split(","), log_samples=True,
+    task_manager=TaskManager(include_path=include_path, include_defaults=False),
+    evaluation_tracker=tracker,
+)
+samples = results.pop("samples")
+tracker.save_results_aggregated(results=results, samples=samples)
+for name in results["configs"]:
+    tracker.save_results_samples(task_name=name, samples=samples[name])
+"""
+
+
 def _lm_eval(model: str, model_args: dict[str, object], tasks: Path, task_names: str,
-             out: Path, *extra: str) -> dict[str, list[dict]]:
+             out: Path, *cli_extra: str, api: bool = False) -> dict[str, list[dict]]:
+    """Run lm_eval (its CLI, or with `api` its Python API) on `task_names` from `tasks`; the
+    samples it logged, by task."""
     args = ",".join(f"{k}={v}" for k, v in model_args.items())
     env = {**os.environ, "OPENAI_API_KEY": KEY_A, "HF_DATASETS_OFFLINE": "1"}
-    done = processes.run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", args,
-         "--tasks", task_names, "--include_path", str(tasks), "--output_path", str(out),
-         "--log_samples", *extra],
-        capture_output=True, text=True, timeout=900, env=env, check=False,
-    )
+    if api:
+        assert not cli_extra
+        command = ["-c", THROUGH_THE_API, model, args, str(tasks), task_names, str(out)]
+    else:
+        command = ["-m", "lm_eval", "run", "--model", model, "--model_args", args, "--tasks",
+                   task_names, "--include_path", str(tasks), "--output_path", str(out),
+                   "--log_samples", *cli_extra]
+    done = processes.run([sys.executable, *command], capture_output=True, text=True,
+                         timeout=900, env=env, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     samples: dict[str, list[dict]] = {}
     for name in task_names.split(","):
@@ -134,7 +164,8 @@ def test_local_completions_loglikelihoods_equal_compute_logprobs(served, checkpo
         "max_retries": 1,
         "max_length": 1024,
     }
-    samples = _lm_eval("local-completions", model_args, tasks, "tl_choice,tl_answer", tmp_path)
+    samples = _lm_eval("local-completions", model_args, tasks, "tl_choice,tl_answer", tmp_path,
+                       api=True)
 
     # lm-eval's own tokenization of each (context, continuation) pair.
     lm = LocalCompletionsAPI(**{k: v for k, v in model_args.items() if k != "num_concurrent"})
