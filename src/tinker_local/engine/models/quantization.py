@@ -30,7 +30,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -252,10 +252,11 @@ def after_load(model: nn.Module, method: str) -> None:
 # what a loaded model holds
 
 
-def plain_weights(model: nn.Module) -> bool:
+def plain_weights(model: nn.Module, modules: Sequence[nn.Module] | None = None) -> bool:
     """Whether every Linear weight of `model` is a plain tensor (no bitsandbytes or torchao
-    storage): what the sampler's packed/bare-decode paths require."""
-    return all(_plain(module.weight) for module in model.modules()
+    storage): what the sampler's packed/bare-decode paths require. `modules`: the model's
+    modules, when the caller has listed them already."""
+    return all(_plain(module.weight) for module in (modules or model.modules())
                if isinstance(module, nn.Linear) and isinstance(
                    getattr(module, "weight", None), torch.Tensor))
 

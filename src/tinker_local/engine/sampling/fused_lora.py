@@ -28,7 +28,7 @@ cover: other layer types (embeddings, convolutions) or LoRA variants (DoRA, aLoR
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -93,13 +93,15 @@ def _lora_classes() -> tuple[type, type] | None:
     return Linear, LoraLayer
 
 
-def supported(model: nn.Module) -> bool:
+def supported(model: nn.Module, modules: Sequence[nn.Module] | None = None) -> bool:
+    """Whether every LoRA layer of `model` is a plain `lora.Linear` the plan can drive
+    (`modules`: the model's modules, if listed)."""
     classes = _lora_classes()
     if classes is None:
         return False
     linear, lora_layer = classes
     found = False
-    for module in model.modules():
+    for module in modules or model.modules():
         if isinstance(module, lora_layer):
             if type(module) is not linear or getattr(module, "lora_variant", None):
                 return False
@@ -108,16 +110,19 @@ def supported(model: nn.Module) -> bool:
 
 
 @contextmanager
-def fused_lora(model: nn.Module) -> Iterator[LoraPlan | None]:
+def fused_lora(model: nn.Module,
+               modules: Sequence[nn.Module] | None = None) -> Iterator[LoraPlan | None]:
     """Patch every LoRA linear layer of `model` to follow a `LoraPlan` (yielded); yields None
-    (nothing patched) when the model is not supported."""
-    if not supported(model):
+    (nothing patched) when the model is not supported. `modules`: the model's modules, when
+    the caller has listed them already."""
+    modules = modules or list(model.modules())
+    if not supported(model, modules):
         yield None
         return
     linear, _ = _lora_classes()  # type: ignore[misc]
     plan = LoraPlan()
     patched = []
-    for module in model.modules():
+    for module in modules:
         if type(module) is linear and "forward" not in module.__dict__:
             module.forward = _FusedForward(module, plan)
             patched.append(module)
