@@ -99,7 +99,7 @@ def test_an_unreachable_hub_means_offline_not_minutes_of_retries(
     done = processes.run(
         cmd, env=_offline_machine(tmp_path, home_with_the_runs_tokenizers(tmp_path / "home")),
         capture_output=True, text=True, timeout=600,
-        check=False,
+        check=False, fork_descendants=True,  # `run`'s script too (from the HF-free server)
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

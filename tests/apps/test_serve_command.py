@@ -68,6 +68,7 @@ def test_run_executes_an_unmodified_script(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        fork_descendants=True,  # `run`'s script too
     )
     assert "SCRIPT-OK" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 3  # the child's exit code

@@ -79,6 +79,7 @@ def test_run_serves_a_script_that_loads_the_builtin_tokenizer_first(
         text=True,
         timeout=600,
         check=False,
+        fork_descendants=True,  # `run`'s script too
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "TRAINED" in done.stdout
