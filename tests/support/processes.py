@@ -8,8 +8,8 @@ controller starts while its workers collect and the workers share (tests/conftes
 without xdist, one the test process starts on first use.
 
 A child whose environment differs only in what the Hugging Face libraries read at import (a
-HF_HOME of its own, a fake hub's HF_ENDPOINT: the cookbook recipes, `models pull`) cannot be
-forked from that server, which has imported them. It is forked from a second one that has
+fresh machine's empty HF_HOME, a fake hub's HF_ENDPOINT: `models pull`, the offline tests)
+cannot be forked from that server, which has imported them. It is forked from a second one that has
 imported torch, the SDK and the web stack but none of those libraries (`WITHOUT_HF`), and
 imports them itself, reading its own environment: ~4 s of CPU saved of each such child's ~9.
 
