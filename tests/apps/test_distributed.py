@@ -11,6 +11,7 @@ restarted group resumes from the store.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,24 +52,24 @@ pytestmark = pytest.mark.timeout(600)
 
 @contextmanager
 def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
-           ranks_forked: bool = True) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`tinker-local serve --nproc-per-node 2` on a free port: (the launcher, its URL).
+           ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """`tinker-local serve --nproc-per-node 2` on a free port: (the launcher, its URL, the log
+    of its stderr, where the ranks write theirs).
 
-    The elastic agent's ranks are forked from the suite's fork server (tests/support/processes.py)
-    unless `ranks_forked=False`: then they are new interpreters, children of the launcher, as a
-    user's are (a test that kills one finds it among the launcher's children)."""
+    The elastic agent's ranks are forked from the suite's fork server (tests/support/processes.py),
+    so they are not the launcher's children: a test finds a rank's pid in the log."""
     log = tmp_path / f"serve-{time.monotonic_ns()}.log"
     proc = processes.Popen(
         [*CLI, "serve", "--port", "0", "--nproc-per-node", "2", *extra],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True,
-        fork_descendants=ranks_forked,
+        fork_descendants=True,
     )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert "serving at" in line, line + log.read_text()[-3000:]
-        yield proc, line.split(" at ", 1)[1].strip()
+        yield proc, line.split(" at ", 1)[1].strip(), log
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -79,13 +80,11 @@ def _group(tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                 proc.wait()
 
 
-def _rank_pid(launcher: int, rank: int) -> int:
-    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    for pid in children:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"RANK={rank}".encode() in environ:
-            return int(pid)
-    raise AssertionError(f"no rank {rank} among {children}")
+def _rank_pid(log: Path, rank: int) -> int:
+    """The pid rank `rank` logged when it joined the group (apps/distributed.py)."""
+    said = re.findall(rf"rank {rank} of \d+: pid (\d+) on ", log.read_text())
+    assert len(said) == 1, log.read_text()[-3000:]
+    return int(said[0])
 
 
 # ---- the script ---------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ def reference(one_process: str) -> dict[str, Any]:
 def joint_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Joint training on: two clients' passes are joined over the ranks."""
     folder = tmp_path_factory.mktemp("group")
-    with _group(folder, env={config.JOINT_TRAINING_ENV: "1"}) as (_, url):
+    with _group(folder, env={config.JOINT_TRAINING_ENV: "1"}) as (_, url, _log):
         yield url
 
 
@@ -329,14 +328,15 @@ def _two_clients_stay_apart(url: str) -> None:
 
 def test_shard_base_matches_one_process(tmp_path, reference) -> None:
     # Folder staging on (what ranks on other machines get): loading a checkpoint ships its files.
-    with _group(tmp_path, "--shard-base", env={"TINKER_LOCAL_STAGE_FOLDERS": "1"}) as (_, url):
+    stage = {"TINKER_LOCAL_STAGE_FOLDERS": "1"}
+    with _group(tmp_path, "--shard-base", env=stage) as (_, url, _log):
         _assert_same(_script(url), reference)
         for a, b in zip(_forward_from(url, reference["path"]), reference["after"], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> None:
-    with _group(tmp_path, "--rank-timeout", "10", ranks_forked=False) as (launcher, url):
+    with _group(tmp_path, "--rank-timeout", "10") as (launcher, url, log):
         service = tinker.ServiceClient(base_url=url, api_key=KEY)
         trainer = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
         data = _data(trainer.get_tokenizer())
@@ -349,7 +349,7 @@ def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> N
         in_flight = [sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, long)
                      for _ in range(2)]  # one per rank
         time.sleep(2)
-        os.kill(_rank_pid(launcher.pid, 1), signal.SIGKILL)
+        os.kill(_rank_pid(log, 1), signal.SIGKILL)
         killed = time.monotonic()
         for future in in_flight:
             with pytest.raises(tinker.RequestFailedError) as failed:
@@ -368,7 +368,7 @@ def test_a_killed_rank_fails_work_in_flight_and_a_restart_resumes(tmp_path) -> N
         launcher.wait(60)
 
     # The group again, on the same store: the run, its checkpoint and its weights are back.
-    with _group(tmp_path) as (_, url):
+    with _group(tmp_path) as (_, url, _log):
         rest = tinker.RestClient(base_url=url, api_key=KEY)
         listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
         assert [c.tinker_path for c in listed] == [saved]

@@ -68,6 +68,10 @@ PRELOAD = (
     "scipy.stats",
     "matplotlib.figure",
     "matplotlib.backends.backend_agg",
+    # What the xdist workers (forked from here) import while they collect: the official clients
+    # of the inference tests (tests/server) were ~half of each worker's collection (py-spy).
+    "anthropic",
+    "openai",
 )
 # For children whose environment differs in what the Hugging Face libraries read at import:
 # what they import that does not import those libraries (~4 s of a new interpreter's ~9).

@@ -17,6 +17,7 @@ import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         group = init_group(settings, device=args.device)
     except ValueError as exc:
         parser.error(str(exc))
+    # Which process is which rank, for whoever must inspect one (`kill -USR1`) or stop one.
+    logger.info("rank %d of %d: pid %d on %s", group.rank, group.world_size, os.getpid(),
+                socket.gethostname())
     try:
         if group.is_leader:
             return _lead(parser, args, group)
