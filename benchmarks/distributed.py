@@ -200,6 +200,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
     ranks, threads, _ = CONFIGS[name]
+    if args.smoke:  # checks that the script runs, not its speed: one thread per process
+        threads = 1
     out = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     flags = ["--worker", "--config", name, "--out", str(out), "--model", args.model,
              "--datums", str(args.datums), "--length", str(args.length), "--steps",
@@ -246,8 +248,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"the JSON file (default: results/{RESULTS.name})")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny model, 2 datums, 1 step, 2 samples, plain-1x2 and "
-                             "shard-2x1: checks the script runs; written to a temporary folder "
-                             "unless --results is given")
+                             "shard-2x1, one thread per process: checks the script runs; "
+                             "written to a temporary folder unless --results is given")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
