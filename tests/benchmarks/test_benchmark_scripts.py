@@ -41,6 +41,7 @@ OUTPUT = {
     "sft_throughput": ("--out", "dir", []),
     "startup": ("--out", "file", []),
     "suite_time": ("--out", "file", ["--census"]),
+    "token_selection": ("--out", "file", []),
     "train_memory": ("--out", "dir", []),
     "two_stage_arms": ("--log-dir", "dir", []),  # writes results.json there
     "verifier_worst_case": ("--out", "file", []),

@@ -59,3 +59,42 @@ def test_greedy_rows_mixed_with_sampled_rows():
     assert tokens[0].item() == 1
     assert selection.top_ids is not None and selection.top_ids.tolist() == [[1, 2], [1, 2]]
     assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+
+
+def test_top_p_from_the_most_likely_tokens_draws_what_the_full_sort_draws(monkeypatch):
+    """Top-p rows whose kept set fits among `NUCLEUS_CANDIDATES` tokens are sampled from those
+    (no sort of the whole vocabulary); rows where it does not (a flat distribution, a large
+    top-k) from the full sort. Either way each row draws the token the full sort would, with
+    the same seed, whatever its companions."""
+    from tinker_local.engine.sampling import selection
+
+    torch.manual_seed(0)
+    vocab, rows = 5_000, 48
+    scale = torch.tensor([8.0] * 16 + [0.5] * 16 + [8.0] * 16)[:, None]  # peaked or flat
+    logits = torch.randn(rows, vocab) * scale
+    top_k = [0] * 32 + [100] * 8 + [3_000] * 8  # none, a small one, one beyond the candidates
+    top_p = [0.9] * 16 + [0.95] * 16 + [0.8] * 16
+
+    def draw() -> torch.Tensor:
+        gens = [torch.Generator().manual_seed(i) for i in range(rows)]
+        ctl = RowControls.build([1.0] * rows, top_k, top_p, gens, torch.device("cpu"))
+        return select_tokens(logits, ctl).tokens
+
+    sorted_rows = []
+    among_sorted = selection._among_sorted
+    monkeypatch.setattr(selection, "_among_sorted",
+                        lambda scaled, *rest: sorted_rows.append(len(scaled)) or
+                        among_sorted(scaled, *rest))
+    fast = draw()
+    assert sorted_rows == [16 + 8]  # the flat rows and the large top-k's: the rest never sorted
+    monkeypatch.setattr(selection, "NUCLEUS_CANDIDATES", vocab)
+    assert torch.equal(fast, draw())
+    # and the kept sets are what top-k then top-p keep: every drawn token is among them
+    probs = torch.softmax(logits, -1)
+    for row, token in enumerate(fast.tolist()):
+        order = probs[row].argsort(descending=True)
+        if top_k[row]:
+            order = order[: top_k[row]]
+        kept = probs[row][order] / probs[row][order].sum()
+        inside = int(((kept.cumsum(0) - kept) < top_p[row]).sum())
+        assert token in order[:inside].tolist(), row

@@ -116,15 +116,21 @@ def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> t
 def _sample(
     weights: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls
 ) -> torch.Tensor:
-    """Inverse-CDF sampling: token = first index whose cumulative weight exceeds u * total."""
+    """Inverse-CDF sampling: token = first index whose cumulative weight exceeds u * total.
+    Rows with top-k or top-p are sampled among their kept tokens instead; each row's token
+    depends only on that row, whatever the batch's mix."""
     filtered = (ctl.top_k > 0) | (ctl.top_p < 1)
-    tokens = _inverse_cdf(weights, u)
-    if bool(filtered.any()):
-        rows = filtered.nonzero()[:, 0]
-        tokens[rows] = _sample_truncated(
-            scaled.index_select(0, rows), u.index_select(0, rows),
-            ctl.top_k.index_select(0, rows), ctl.top_p.index_select(0, rows),
-        )
+    if not bool(filtered.any()):
+        return _inverse_cdf(weights, u)
+    if bool(filtered.all()):  # the whole batch truncates: no copy of its [B, V] rows
+        return _sample_truncated(scaled, u, ctl.top_k, ctl.top_p)
+    tokens = torch.empty(u.shape[0], dtype=torch.long, device=scaled.device)
+    plain, rows = (~filtered).nonzero()[:, 0], filtered.nonzero()[:, 0]
+    tokens[plain] = _inverse_cdf(weights.index_select(0, plain), u.index_select(0, plain))
+    tokens[rows] = _sample_truncated(
+        scaled.index_select(0, rows), u.index_select(0, rows),
+        ctl.top_k.index_select(0, rows), ctl.top_p.index_select(0, rows),
+    )
     return tokens
 
 
@@ -166,10 +172,31 @@ def _last_nonzero_before(weights: torch.Tensor, idx: torch.Tensor) -> torch.Tens
     return torch.where(usable, positions, -1).amax(dim=-1).clamp_(min=0)
 
 
+# Top-p without a small top-k: a trained model's nucleus usually lies among its most likely
+# few hundred tokens, and sorting a whole vocabulary (49k-248k) of every row at every step costs
+# ~10x more than taking that many (benchmarks/token_selection.py). A row whose kept set does not
+# fit among them (a flat distribution) is sampled from the full sort.
+NUCLEUS_CANDIDATES = 256
+
+
 def _sample_truncated(
     scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
     """Top-k, then top-p, on tempered logits; sample among the kept tokens."""
+    vocab = scaled.shape[-1]
+    if vocab <= NUCLEUS_CANDIDATES or not bool(((top_k == 0) | (top_k > NUCLEUS_CANDIDATES)).any()):
+        return _among_sorted(scaled, u, top_k, top_p)
+    tokens, fits = _among_candidates(scaled, u, top_k, top_p)
+    if not bool(fits.all()):
+        rest = (~fits).nonzero()[:, 0]
+        tokens[rest] = _among_sorted(scaled.index_select(0, rest), u.index_select(0, rest),
+                                     top_k.index_select(0, rest), top_p.index_select(0, rest))
+    return tokens
+
+
+def _among_sorted(
+    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     vocab = scaled.shape[-1]
     k_max = vocab if bool((top_k == 0).any()) else int(top_k.max())
     if k_max < vocab:
@@ -180,9 +207,30 @@ def _sample_truncated(
     k_eff = torch.where(top_k > 0, top_k, vocab)[:, None]
     vals = vals.masked_fill(rank >= k_eff, float("-inf"))
     probs = torch.softmax(vals, dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it
-    # is still below top_p (the most likely token always stays).
+    return idx.gather(1, _nucleus_choice(probs, u, top_p)[:, None])[:, 0]
+
+
+def _among_candidates(
+    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token from its NUCLEUS_CANDIDATES most likely ones, and whether the row's kept
+    set lies among them (a top-k no larger, or no top-k and a nucleus reached within them); for
+    the rows where it does not, the token is meaningless. A candidate's probability is the
+    full sort's: normalised by the row's top-k tokens, or by its whole vocabulary."""
+    vals, idx = scaled.topk(NUCLEUS_CANDIDATES, dim=-1)  # sorted, descending
+    rank = torch.arange(NUCLEUS_CANDIDATES, device=vals.device)[None, :]
+    small_k = (top_k > 0) & (top_k <= NUCLEUS_CANDIDATES)
+    vals = vals.masked_fill(small_k[:, None] & (rank >= top_k[:, None]), float("-inf"))
+    log_norm = torch.where(small_k, vals.logsumexp(dim=-1), scaled.logsumexp(dim=-1))
+    probs = (vals - log_norm[:, None]).exp_()
+    fits = small_k | ((top_k == 0) & (probs.sum(dim=-1) >= top_p))
+    return idx.gather(1, _nucleus_choice(probs, u, top_p)[:, None])[:, 0], fits
+
+
+def _nucleus_choice(probs: torch.Tensor, u: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """probs: [B, W], each row sorted descending. Keeps the smallest prefix whose mass reaches
+    top_p (a token stays if the mass before it is still below top_p; the most likely token
+    always stays) and samples a position among the kept ones."""
     mass_before = probs.cumsum(dim=-1) - probs
     probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
-    choice = _inverse_cdf(probs, u)
-    return idx.gather(1, choice[:, None])[:, 0]
+    return _inverse_cdf(probs, u)
