@@ -37,6 +37,9 @@ CASES = {
     "top-p peaked": (0, 0.95, 8.0),
     "top-p flat": (0, 0.95, 0.5),
 }
+# each case, and each top-p case again with the full sort forced
+COLUMNS = [column for name, (_, top_p, _) in CASES.items()
+           for column in ([name, f"{name}, full sort"] if top_p < 1 else [name])]
 
 
 def time_call(logits: torch.Tensor, top_k: int, top_p: float, repeats: int) -> float:
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{cpu_model()}, {torch.get_num_threads()} threads; "
           f"NUCLEUS_CANDIDATES = {selection.NUCLEUS_CANDIDATES}; ms per call (median of "
           f"{args.repeats})")
-    header = "".join(f"  {name:>20}" for name in measure(8, 1, 1))
+    header = "".join(f"  {name:>20}" for name in COLUMNS)
     print(f"{'vocabulary':<18} {'rows':>4}{header}")
     results = []
     for model, vocab in VOCABULARIES.items():

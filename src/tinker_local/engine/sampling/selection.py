@@ -95,7 +95,7 @@ def select_tokens(logits: torch.Tensor, ctl: RowControls, top_k: int = 0) -> Sel
         tokens = scaled.argmax(dim=-1)
     else:
         uniforms = _draw_uniforms(ctl.generators, logits.device)
-        tokens = _sample(weights, scaled, uniforms, ctl)
+        tokens = _sample(weights, scaled, uniforms, ctl, (peak + log_total)[:, 0])
         if bool(ctl.greedy.any()):
             tokens = torch.where(ctl.greedy, scaled.argmax(dim=-1), tokens)
     chosen = scaled.gather(1, tokens[:, None]) - peak - log_total
@@ -114,22 +114,25 @@ def _draw_uniforms(generators: list[torch.Generator], device: torch.device) -> t
 
 
 def _sample(
-    weights: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls
+    weights: torch.Tensor, scaled: torch.Tensor, u: torch.Tensor, ctl: RowControls,
+    log_total: torch.Tensor,
 ) -> torch.Tensor:
     """Inverse-CDF sampling: token = first index whose cumulative weight exceeds u * total.
     Rows with top-k or top-p are sampled among their kept tokens instead; each row's token
-    depends only on that row, whatever the batch's mix."""
+    depends only on that row, whatever the batch's mix. `log_total`: [B], the log of each
+    row's whole exp(scaled) mass."""
     filtered = (ctl.top_k > 0) | (ctl.top_p < 1)
     if not bool(filtered.any()):
         return _inverse_cdf(weights, u)
     if bool(filtered.all()):  # the whole batch truncates: no copy of its [B, V] rows
-        return _sample_truncated(scaled, u, ctl.top_k, ctl.top_p)
+        return _sample_truncated(scaled, u, ctl.top_k, ctl.top_p, log_total)
     tokens = torch.empty(u.shape[0], dtype=torch.long, device=scaled.device)
     plain, rows = (~filtered).nonzero()[:, 0], filtered.nonzero()[:, 0]
     tokens[plain] = _inverse_cdf(weights.index_select(0, plain), u.index_select(0, plain))
     tokens[rows] = _sample_truncated(
         scaled.index_select(0, rows), u.index_select(0, rows),
         ctl.top_k.index_select(0, rows), ctl.top_p.index_select(0, rows),
+        log_total.index_select(0, rows),
     )
     return tokens
 
@@ -180,13 +183,15 @@ NUCLEUS_CANDIDATES = 256
 
 
 def _sample_truncated(
-    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    log_total: torch.Tensor,
 ) -> torch.Tensor:
     """Top-k, then top-p, on tempered logits; sample among the kept tokens."""
     vocab = scaled.shape[-1]
-    if vocab <= NUCLEUS_CANDIDATES or not bool(((top_k == 0) | (top_k > NUCLEUS_CANDIDATES)).any()):
+    large_k = (top_k == 0) | (top_k > NUCLEUS_CANDIDATES)
+    if vocab <= NUCLEUS_CANDIDATES or not bool(large_k.any()):  # a top-k of at most 256 rows
         return _among_sorted(scaled, u, top_k, top_p)
-    tokens, fits = _among_candidates(scaled, u, top_k, top_p)
+    tokens, fits = _among_candidates(scaled, u, top_k, top_p, log_total)
     if not bool(fits.all()):
         rest = (~fits).nonzero()[:, 0]
         tokens[rest] = _among_sorted(scaled.index_select(0, rest), u.index_select(0, rest),
@@ -211,7 +216,8 @@ def _among_sorted(
 
 
 def _among_candidates(
-    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    scaled: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    log_total: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's token from its NUCLEUS_CANDIDATES most likely ones, and whether the row's kept
     set lies among them (a top-k no larger, or no top-k and a nucleus reached within them); for
@@ -221,7 +227,7 @@ def _among_candidates(
     rank = torch.arange(NUCLEUS_CANDIDATES, device=vals.device)[None, :]
     small_k = (top_k > 0) & (top_k <= NUCLEUS_CANDIDATES)
     vals = vals.masked_fill(small_k[:, None] & (rank >= top_k[:, None]), float("-inf"))
-    log_norm = torch.where(small_k, vals.logsumexp(dim=-1), scaled.logsumexp(dim=-1))
+    log_norm = torch.where(small_k, vals.logsumexp(dim=-1), log_total)
     probs = (vals - log_norm[:, None]).exp_()
     fits = small_k | ((top_k == 0) & (probs.sum(dim=-1) >= top_p))
     return idx.gather(1, _nucleus_choice(probs, u, top_p)[:, None])[:, 0], fits
