@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tinker_local.engine.sampling.selection import RowControls, select_tokens
 
@@ -98,3 +100,32 @@ def test_top_p_from_the_most_likely_tokens_draws_what_the_full_sort_draws(monkey
         kept = probs[row][order] / probs[row][order].sum()
         inside = int(((kept.cumsum(0) - kept) < top_p[row]).sum())
         assert token in order[:inside].tolist(), row
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.floats(0.1, 12.0),
+    rows=st.lists(st.tuples(st.sampled_from([0, 1, 5, 100, 256, 257, 2_000]),
+                            st.sampled_from([0.05, 0.5, 0.9, 0.95, 0.999, 1.0])),
+                  min_size=1, max_size=6),
+)
+@settings(max_examples=40, deadline=None)
+def test_any_mix_of_top_k_and_top_p_draws_what_the_full_sort_draws(seed, scale, rows):
+    """Whatever the logits' shape and the rows' settings, the candidates' path draws each row's
+    token as the full sort does (the test above, on settings nobody picked by hand)."""
+    from tinker_local.engine.sampling import selection
+
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(rows), 3_000, generator=generator) * scale
+
+    def draw(candidates: int) -> torch.Tensor:
+        gens = [torch.Generator().manual_seed(seed + i) for i in range(len(rows))]
+        ctl = RowControls.build([1.0] * len(rows), [k for k, _ in rows], [p for _, p in rows],
+                                gens, torch.device("cpu"))
+        saved, selection.NUCLEUS_CANDIDATES = selection.NUCLEUS_CANDIDATES, candidates
+        try:
+            return select_tokens(logits, ctl).tokens
+        finally:
+            selection.NUCLEUS_CANDIDATES = saved
+
+    assert torch.equal(draw(selection.NUCLEUS_CANDIDATES), draw(logits.shape[1]))
