@@ -70,6 +70,13 @@ _no_certificates = _base_path / "no-certificates"
 _no_certificates.mkdir(exist_ok=True)
 os.environ.pop("SSL_CERT_FILE", None)
 os.environ["SSL_CERT_DIR"] = str(_no_certificates)
+# torch serves each tensor of 2 MiB or more from transparent huge pages when this is set (read
+# at its first allocation, so before anything here imports torch). The tiny models' logits are
+# tens of MB a call, and the engine maps every large allocation afresh
+# (engine/training/logprobs.py, `limit_heap_fragmentation`): with 4 KiB pages the kernel's page
+# faults were ~13 % of a run's CPU (perf), and half of each unembedding call on the tiny model.
+# Same memory, same results; docs/testing.md has the A/B.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # With several xdist workers on a small machine, each worker (and the servers and commands it
 # starts, which inherit this) computes on one thread: N workers x the default thread count
 # would oversubscribe the cores. Set before anything here imports torch.

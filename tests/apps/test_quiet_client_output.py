@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import sys
 import textwrap
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import tinker
+from support import processes
 
 from tinker_local import config
 from tinker_local.apps.embedded import add_loopback_to_no_proxy
@@ -81,7 +81,7 @@ if sys.argv[1] == "crash":
 def test_embedded_server_exits_quietly_with_a_request_in_flight(tmp_path: Path, how: str):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(SCRIPT.format(model=config.TINY_TEST_MODEL)))
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, str(script), how], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.stdout.strip() == "pending", done.stdout + done.stderr  # in flight at exit

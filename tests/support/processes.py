@@ -64,6 +64,7 @@ _READ_AT_IMPORT = (
     "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "SAFETENSORS", "TORCH", "PYTORCH",
     "OMP_", "MKL_", "OPENBLAS", "KMP_", "GOMP", "CUDA", "PYTHON", "LD_", "LC_", "LANG",
     "HOME", "XDG_", "BITSANDBYTES", "ACCELERATE", "PEFT", "TRITON", "SCIPY", "MPL",
+    "THP_MEM_ALLOC",  # torch's huge-page switch, read at its first allocation
 )
 # Exceptions: PYTHONUNBUFFERED (the fork server applies it to the child's stdio); what libraries
 # in the test process set for themselves and children inherit: torch's compile cache folder
