@@ -40,19 +40,21 @@ def test_concurrent_samples_print_no_retry_lines(tmp_path: Path, caplog) -> None
     server.service.futures.wait = counting_wait  # type: ignore[method-assign]
     add_loopback_to_no_proxy()
     try:
-        service = tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-        sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
-        params = tinker.SamplingParams(max_tokens=48, temperature=1.0)
+        # closed before its server stops: a session left open would heartbeat at a closed port,
+        # and warn, for the rest of the worker's run
+        with tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY) as service:
+            sampler = service.create_sampling_client(base_model=config.TINY_TEST_MODEL).result()
+            params = tinker.SamplingParams(max_tokens=48, temperature=1.0)
 
-        async def all_at_once() -> list[tinker.SampleResponse]:
-            calls = [
-                sampler.sample(tinker.ModelInput.from_ints([1, 9 + i, 40]), 1, params)
-                for i in range(CONCURRENT_SAMPLES)
-            ]
-            return await asyncio.gather(*calls)
+            async def all_at_once() -> list[tinker.SampleResponse]:
+                calls = [
+                    sampler.sample(tinker.ModelInput.from_ints([1, 9 + i, 40]), 1, params)
+                    for i in range(CONCURRENT_SAMPLES)
+                ]
+                return await asyncio.gather(*calls)
 
-        with caplog.at_level(logging.INFO, logger="tinker"):
-            responses = asyncio.run(all_at_once())
+            with caplog.at_level(logging.INFO, logger="tinker"):
+                responses = asyncio.run(all_at_once())
     finally:
         server.stop()
     assert [len(r.sequences) for r in responses] == [1] * CONCURRENT_SAMPLES
