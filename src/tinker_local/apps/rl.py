@@ -25,7 +25,6 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from tinker_local import presets
@@ -41,7 +40,7 @@ from tinker_local.apps.seeds import (
     last_value,
     metric_rows,
     parse_seeds,
-    seed_dir,
+    seed_config,
     write_summary,
 )
 from tinker_local.rl.config import RLConfig
@@ -236,18 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     if seeds is not None:
         _print_seed_summary(cfg.log_dir, seeds, results)
     return 0
-
-
-def seed_config(cfg: RLConfig, seed: int) -> RLConfig:
-    """The run of one seed: its own folder under the log dir, its own W&B run in a group."""
-    name = cfg.wandb_name or Path(cfg.log_dir).name
-    return dataclasses.replace(
-        cfg,
-        seed=seed,
-        log_dir=str(seed_dir(cfg.log_dir, seed)),
-        wandb_name=f"{name}-seed{seed}",
-        wandb_group=cfg.wandb_group or name,
-    )
 
 
 def _fixed_datasets(train: Any, test: Any) -> Any:

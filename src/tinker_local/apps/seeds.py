@@ -10,12 +10,13 @@ by step for `rl` and `sft`, success rate by model for `eval` and `pipeline`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -43,6 +44,29 @@ def parse_seeds(text: str) -> list[int]:
 
 def seed_dir(root: str | Path, seed: int) -> Path:
     return Path(root) / f"seed-{seed}"
+
+
+class _SeededRunConfig(Protocol):
+    seed: int
+    log_dir: str
+    wandb_name: str | None
+    wandb_group: str | None
+
+
+RunConfig = TypeVar("RunConfig", bound=_SeededRunConfig)  # RLConfig, SFTConfig
+
+
+def seed_config(config: RunConfig, seed: int) -> RunConfig:
+    """One seed's run of a config: its own folder under the log dir, its own W&B run in a group
+    named after the run."""
+    name = config.wandb_name or Path(config.log_dir).name
+    return dataclasses.replace(
+        config,  # type: ignore[type-var]  (a dataclass: RLConfig, SFTConfig)
+        seed=seed,
+        log_dir=str(seed_dir(config.log_dir, seed)),
+        wandb_name=f"{name}-seed{seed}",
+        wandb_group=config.wandb_group or name,
+    )
 
 
 @dataclass

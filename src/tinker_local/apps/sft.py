@@ -18,7 +18,6 @@ import dataclasses
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 from tinker_local import presets
@@ -29,7 +28,7 @@ from tinker_local.apps.seeds import (
     last_value,
     metric_rows,
     parse_seeds,
-    seed_dir,
+    seed_config,
     write_summary,
 )
 from tinker_local.sl.config import SFTConfig, load_config_file
@@ -150,18 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         print(paths["markdown"].read_text())
         print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
-
-
-def seed_config(config: SFTConfig, seed: int) -> SFTConfig:
-    """One seed's run: its own folder under the log dir and its own W&B run in a group."""
-    name = config.wandb_name or Path(config.log_dir).name
-    return dataclasses.replace(
-        config,
-        seed=seed,
-        log_dir=str(seed_dir(config.log_dir, seed)),
-        wandb_name=f"{name}-seed{seed}",
-        wandb_group=config.wandb_group or name,
-    )
 
 
 def _print_result(result: Any) -> None:

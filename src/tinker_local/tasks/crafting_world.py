@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
 
-from tinker_local.rl.types import TextWorld
 from tinker_local.tasks.world_base import (
     ActionWorld,
     InvalidAction,
     Outcome,
     ParsedAction,
-    make_world_factories,
+    plain_make_worlds,
 )
 
 RESOURCES = (
@@ -170,14 +168,4 @@ class CraftingWorld(ActionWorld):
         return self._next(self.target, 1, Counter(self.inventory)) or f"craft {self.target}"
 
 
-def make_worlds(
-    split: str = "train",
-    n: int | None = None,
-    *,
-    seed: int = 0,
-    max_turns: int | None = None,
-    invalid_action_penalty: float | None = None,
-) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(
-        CraftingWorld, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
-    )
+make_worlds = plain_make_worlds(CraftingWorld)

@@ -16,15 +16,13 @@ the goal. Defaults: max 30 turns. Expert: privileged planner that knows where th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
-from tinker_local.rl.types import TextWorld
 from tinker_local.tasks.world_base import (
     ActionWorld,
     InvalidAction,
     Outcome,
     ParsedAction,
-    make_world_factories,
+    plain_make_worlds,
 )
 
 OPENABLE = ("cabinet 1", "cabinet 2", "drawer 1", "drawer 2", "fridge 1", "microwave 1")
@@ -228,14 +226,4 @@ class HouseholdWorld(ActionWorld):
         return f"put {self.holding} in {self.destination}"
 
 
-def make_worlds(
-    split: str = "train",
-    n: int | None = None,
-    *,
-    seed: int = 0,
-    max_turns: int | None = None,
-    invalid_action_penalty: float | None = None,
-) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(
-        HouseholdWorld, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
-    )
+make_worlds = plain_make_worlds(HouseholdWorld)

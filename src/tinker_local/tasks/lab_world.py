@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tinker_local.rl.types import TextWorld
 from tinker_local.tasks.world_base import (
     ActionWorld,
     InvalidAction,
     Outcome,
     ParsedAction,
-    make_world_factories,
+    plain_make_worlds,
 )
 
 ROOMS = ("kitchen", "workshop", "greenhouse", "art studio")
@@ -335,14 +334,4 @@ class LabWorld(ActionWorld):
         return f"take {item}"
 
 
-def make_worlds(
-    split: str = "train",
-    n: int | None = None,
-    *,
-    seed: int = 0,
-    max_turns: int | None = None,
-    invalid_action_penalty: float | None = None,
-) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(
-        LabWorld, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
-    )
+make_worlds = plain_make_worlds(LabWorld)

@@ -15,16 +15,14 @@ Expert: search the instruction's attributes, click the match, buy.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from tinker_local.rl.types import TextWorld
 from tinker_local.tasks.world_base import (
     ActionWorld,
     InvalidAction,
     Outcome,
     ParsedAction,
-    make_world_factories,
+    plain_make_worlds,
 )
 
 COLOURS = ("red", "blue", "black", "white", "green", "grey")
@@ -181,14 +179,4 @@ class ShoppingWorld(ActionWorld):
         )
 
 
-def make_worlds(
-    split: str = "train",
-    n: int | None = None,
-    *,
-    seed: int = 0,
-    max_turns: int | None = None,
-    invalid_action_penalty: float | None = None,
-) -> list[Callable[[], TextWorld]]:
-    return make_world_factories(
-        ShoppingWorld, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
-    )
+make_worlds = plain_make_worlds(ShoppingWorld)

@@ -209,6 +209,27 @@ def make_world_factories(
     ]
 
 
+def plain_make_worlds(cls: type[ActionWorld]) -> Callable[..., list[Callable[[], TextWorld]]]:
+    """The module-level `make_worlds` (the registry's factory) of a world with no options of its
+    own: `make_worlds(split="train", n=None, *, seed=0, max_turns=None,
+    invalid_action_penalty=None)`, as `make_world_factories` describes."""
+
+    def make_worlds(
+        split: str = "train",
+        n: int | None = None,
+        *,
+        seed: int = 0,
+        max_turns: int | None = None,
+        invalid_action_penalty: float | None = None,
+    ) -> list[Callable[[], TextWorld]]:
+        return make_world_factories(
+            cls, split, n, seed, max_turns=max_turns, invalid_action_penalty=invalid_action_penalty
+        )
+
+    make_worlds.__doc__ = f"Zero-argument builders of fresh {cls.__name__}s (see world_base)."
+    return make_worlds
+
+
 def _build_world(
     cls: type[ActionWorld], seed: int, penalty: float | None, options: dict[str, object]
 ) -> ActionWorld:
