@@ -14,15 +14,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tinker
+from support.served import sdk_on_a_server_of_its_own
 from tinker import types
 
 from tinker_local import config
-from tinker_local.apps.embedded import add_loopback_to_no_proxy
 from tinker_local.engine.cpu_features import bf16_units
-from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
-from tinker_local.server.core.service import ServerSettings
-from tinker_local.server.http.start import LocalServer
 
 BASE = config.TINY_TEST_MODEL
 # |sampled - trainer| logprob in bf16 on this model, measured with this test on an AMX Xeon:
@@ -40,14 +37,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
-    add_loopback_to_no_proxy()
     builtin.ensure_built(BASE)
-    settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"), long_poll_s=2.0)
-    server = LocalServer(engine_factory(device="cpu", dtype="bfloat16"), settings).start()
-    try:
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    finally:
-        server.stop()
+    with sdk_on_a_server_of_its_own("bfloat16", checkpoints_root=tmp_path_factory.mktemp("ckpt"),
+                                    long_poll_s=2.0) as client:  # fmt: skip
+        yield client
 
 
 def _datum(tokens: list[int]) -> types.Datum:

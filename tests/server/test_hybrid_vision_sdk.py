@@ -15,15 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
+from support.served import sdk_on_a_server_of_its_own
 from tinker import types
 from vision_support import image_chunk, next_token_datum, with_sampled
 
-from tinker_local import config
-from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
-from tinker_local.server.core.service import ServerSettings
-from tinker_local.server.http.start import LocalServer
 
 # Qwen3.5's ids (its tokenizer: engine/models/qwen3_5_tokenizer.py)
 IM_END, VISION_START, VISION_END = 248046, 248053, 248054
@@ -32,13 +28,9 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
-    settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("ckpt"), long_poll_s=2.0)
-    server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
-    add_loopback_to_no_proxy()
-    try:
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    finally:
-        server.stop()
+    with sdk_on_a_server_of_its_own(checkpoints_root=tmp_path_factory.mktemp("ckpt"),
+                                    long_poll_s=2.0) as client:  # fmt: skip
+        yield client
 
 
 def _prompt(tokenizer, image: types.ImageChunk | None, question: str) -> types.ModelInput:

@@ -20,14 +20,10 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from support.served import sdk_on_a_server_of_its_own
 from tinker import types
 
-from tinker_local import config
-from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
-from tinker_local.server.core.service import ServerSettings
-from tinker_local.server.http.start import LocalServer
 
 FAMILIES = list(builtin.TINY_FAMILY_MODELS)
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the dark "
@@ -59,14 +55,9 @@ def checkpoints_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def service(hub_cache: Path, checkpoints_root: Path) -> Iterator[tinker.ServiceClient]:
     """A server of its own (every family plus the two hub-named models at once, above the
     default limit of base models), stopped at the end so its models leave memory."""
-    settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0,
-                              max_base_models=len(FAMILIES) + 2)
-    server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
-    add_loopback_to_no_proxy()
-    try:
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    finally:
-        server.stop()
+    with sdk_on_a_server_of_its_own(checkpoints_root=checkpoints_root, long_poll_s=2.0,
+                                    max_base_models=len(FAMILIES) + 2) as client:  # fmt: skip
+        yield client
     if MEASURED:
         print("\nSDK: max |sampler - teacher-forced| logprob:",
               {k.split("/")[1]: f"{v:.1e}" for k, v in MEASURED.items()})

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
+from support.served import sdk_on_a_server_of_its_own
 from tinker import types
 from vision_support import (
     IM_START,
@@ -30,12 +31,8 @@ from vision_support import (
 )
 
 from tinker_local import config
-from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.tiny_vision import TINY_QWEN3_VL
-from tinker_local.server.core.service import ServerSettings
-from tinker_local.server.http.start import LocalServer
 
 QUESTION = [3838, 374, 304, 419, 2168, 30]
 
@@ -53,14 +50,9 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def service(image_dir: Path, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tinker.ServiceClient]:
-    settings = ServerSettings(checkpoints_root=tmp_path_factory.mktemp("checkpoints"),
-                              long_poll_s=2.0, image_dirs=(image_dir.resolve(),))
-    server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
-    add_loopback_to_no_proxy()
-    try:
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    finally:
-        server.stop()
+    with sdk_on_a_server_of_its_own(checkpoints_root=tmp_path_factory.mktemp("checkpoints"),
+                                    long_poll_s=2.0, image_dirs=(image_dir.resolve(),)) as client:  # fmt: skip
+        yield client
 
 
 @pytest.fixture(scope="module")

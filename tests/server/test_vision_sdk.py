@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from support.served import sdk_on_a_server_of_its_own
 from tinker import types
 from vision_support import (
     IM_END,
@@ -32,12 +33,8 @@ from vision_support import (
 )
 
 from tinker_local import config
-from tinker_local.apps.embedded import add_loopback_to_no_proxy
-from tinker_local.engine.factory import engine_factory
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models.tiny_vision import TINY_VISION_MODELS
-from tinker_local.server.core.service import ServerSettings
-from tinker_local.server.http.start import LocalServer
 
 FAMILIES = list(TINY_VISION_MODELS)
 TOL = 1e-4
@@ -53,13 +50,8 @@ def checkpoints_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def service(checkpoints_root: Path) -> Iterator[tinker.ServiceClient]:
-    settings = ServerSettings(checkpoints_root=checkpoints_root, long_poll_s=2.0)
-    server = LocalServer(engine_factory(device="cpu", dtype="float32"), settings).start()
-    add_loopback_to_no_proxy()
-    try:
-        yield tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY)
-    finally:
-        server.stop()
+    with sdk_on_a_server_of_its_own(checkpoints_root=checkpoints_root, long_poll_s=2.0) as client:
+        yield client
 
 
 def _logprobs(output: types.ForwardBackwardOutput) -> list[np.ndarray]:

@@ -28,6 +28,23 @@ def test_patience_counts_evaluations_without_improvement() -> None:
             EarlyStopping(patience=bad, higher_is_better=True)
 
 
+@pytest.mark.parametrize(
+    "field, bad", [("early_stopping_patience", v) for v in (0, -1, 1.5, True, "2")]
+    + [("early_stopping_min_delta", v) for v in (-0.1, float("inf"), float("nan"), None, True)],
+)
+def test_rl_and_sft_configs_refuse_the_same_early_stopping_settings(field: str, bad) -> None:
+    from tinker_local.rl.config import RLConfig
+
+    extra = {"eval_every": 1} if field == "early_stopping_min_delta" else {}
+    for make in (lambda **kw: RLConfig(log_dir="x", **kw),
+                 lambda **kw: SFTConfig(data=["d.jsonl"], log_dir="x", **kw)):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            make(**{field: bad}, **extra)
+    for make in (lambda **kw: RLConfig(log_dir="x", eval_every=1, **kw),
+                 lambda **kw: SFTConfig(data=["d.jsonl"], log_dir="x", eval_every=1, **kw)):  # fmt: skip
+        make(early_stopping_patience=2, early_stopping_min_delta=0.0)  # accepted
+
+
 @pytest.fixture(scope="module")
 def service():
     from tinker_local.apps.embedded import ServiceClient

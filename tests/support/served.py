@@ -8,6 +8,9 @@ fails), ready once `/api/v1/healthz` answers. tests/conftest.py builds two fixtu
 run ids or API keys) and `start_serve` (a fresh server with the test's own flags, environment
 or home, for tests of the process itself: its flags, banner, Ctrl-C, a SIGKILL and restart).
 
+`sdk_on_a_server_of_its_own` is the in-process kind: an SDK client on a `LocalServer` with the
+real engine and the test's own settings (a module's models, image folders, dtype).
+
 One `serve` may hold a home at a time (apps/serve.py's lock), so a server that lives as long
 as the session has a home of its own, whose models folder is the run's shared one
 (tests/conftest.py).
@@ -22,7 +25,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import tinker
 
@@ -128,3 +134,25 @@ class ServeProcess:
                 self.proc.kill()
                 self.proc.wait(30)
         return self.proc.returncode
+
+
+@contextmanager
+def sdk_on_a_server_of_its_own(
+    dtype: str = "float32", **settings: Any
+) -> Iterator[tinker.ServiceClient]:
+    """An SDK client on a server of its own in this process (`LocalServer` on the real engine,
+    `ServerSettings(**settings)`), for a module's fixture. Its session is finished before the
+    server stops, so it does not heartbeat at a closed port for the rest of the worker's run."""
+    from tinker_local.apps.embedded import add_loopback_to_no_proxy
+    from tinker_local.engine.factory import engine_factory
+    from tinker_local.server.core.service import ServerSettings
+    from tinker_local.server.http.start import LocalServer
+
+    add_loopback_to_no_proxy()
+    server = LocalServer(engine_factory(device="cpu", dtype=dtype), ServerSettings(**settings))
+    server.start()
+    try:
+        with tinker.ServiceClient(base_url=server.base_url, api_key=config.LOCAL_API_KEY) as client:
+            yield client
+    finally:
+        server.stop()

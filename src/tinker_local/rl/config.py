@@ -120,6 +120,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
+from tinker_local.rl import early_stopping
 from tinker_local.tracking import TrackingSettings
 
 LossFn = Literal["ppo", "importance_sampling", "cispo", "dro"]
@@ -253,12 +254,8 @@ class RLConfig:
             and 0 <= self.overlong_penalty < math.inf,
             "overlong_buffer": isinstance(self.overlong_buffer, int)
             and 0 <= self.overlong_buffer < self.max_tokens,
-            "early_stopping_patience": self.early_stopping_patience is None
-            or (isinstance(self.early_stopping_patience, int)
-                and not isinstance(self.early_stopping_patience, bool)
-                and self.early_stopping_patience >= 1),
-            "early_stopping_min_delta": _is_number(self.early_stopping_min_delta)
-            and 0 <= self.early_stopping_min_delta < math.inf,
+            **early_stopping.config_checks(self.early_stopping_patience,
+                                           self.early_stopping_min_delta),
             "eval_every": self.eval_every >= 0,
             "save_every": self.save_every >= 0,
             "transcripts_per_step": self.transcripts_per_step >= 0,

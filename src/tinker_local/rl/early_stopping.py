@@ -13,6 +13,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+def config_checks(patience: object, min_delta: object) -> dict[str, bool]:
+    """The checks of a config's two early-stopping fields, by field name (RLConfig, SFTConfig):
+    the patience None (off) or an integer >= 1, the minimum improvement a finite number >= 0."""
+    number = isinstance(min_delta, (int, float)) and not isinstance(min_delta, bool)
+    return {
+        "early_stopping_patience": patience is None
+        or (isinstance(patience, int) and not isinstance(patience, bool) and patience >= 1),
+        "early_stopping_min_delta": number and 0 <= min_delta < math.inf,  # type: ignore[operator]
+    }
+
+
 @dataclass
 class EarlyStopping:
     patience: int

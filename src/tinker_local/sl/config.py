@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tinker_local.config import DEFAULT_BASE_MODEL, lora_metadata
+from tinker_local.rl import early_stopping
 from tinker_local.tracking import TrackingSettings
 
 
@@ -103,12 +104,8 @@ class SFTConfig:
             "warmup_steps": self.warmup_steps is None
             or (isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
                 and self.warmup_steps >= 0),
-            "early_stopping_patience": self.early_stopping_patience is None
-            or (isinstance(self.early_stopping_patience, int)
-                and not isinstance(self.early_stopping_patience, bool)
-                and self.early_stopping_patience >= 1),
-            "early_stopping_min_delta": _is_number(self.early_stopping_min_delta)
-            and 0 <= self.early_stopping_min_delta < math.inf,
+            **early_stopping.config_checks(self.early_stopping_patience,
+                                           self.early_stopping_min_delta),
             "max_length": self.max_length >= 2,
             "learning_rate": self.learning_rate > 0,
             "eval_every": self.eval_every >= 0,
