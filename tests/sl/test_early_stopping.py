@@ -26,6 +26,9 @@ def test_patience_counts_evaluations_without_improvement() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="patience"):
             EarlyStopping(patience=bad, higher_is_better=True)
+    for bad in (-0.1, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="min_delta"):
+            EarlyStopping(patience=1, higher_is_better=True, min_delta=bad)
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+def is_patience(value: object) -> bool:
+    """A patience: an integer >= 1 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def is_min_delta(value: object) -> bool:
+    """A minimum improvement: a finite number >= 0 (a bool is not one)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value < math.inf)
+
+
 def config_checks(patience: object, min_delta: object) -> dict[str, bool]:
     """The checks of a config's two early-stopping fields, by field name (RLConfig, SFTConfig):
-    the patience None (off) or an integer >= 1, the minimum improvement a finite number >= 0."""
-    number = isinstance(min_delta, (int, float)) and not isinstance(min_delta, bool)
+    the patience None (off) or `is_patience`, the minimum improvement `is_min_delta`."""
     return {
-        "early_stopping_patience": patience is None
-        or (isinstance(patience, int) and not isinstance(patience, bool) and patience >= 1),
-        "early_stopping_min_delta": number and 0 <= min_delta < math.inf,  # type: ignore[operator]
+        "early_stopping_patience": patience is None or is_patience(patience),
+        "early_stopping_min_delta": is_min_delta(min_delta),
     }
 
 
@@ -33,12 +42,10 @@ class EarlyStopping:
     stale: int = 0  # evaluations since the best one
 
     def __post_init__(self) -> None:
-        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or (
-            self.patience < 1
-        ):
+        if not is_patience(self.patience):
             raise ValueError(f"early stopping patience must be an integer >= 1, got "
                              f"{self.patience!r}")
-        if not (isinstance(self.min_delta, (int, float)) and 0 <= self.min_delta < math.inf):
+        if not is_min_delta(self.min_delta):
             raise ValueError(f"early stopping min_delta must be >= 0, got {self.min_delta!r}")
 
     def improves(self, value: float) -> bool:

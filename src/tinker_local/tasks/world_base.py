@@ -227,6 +227,8 @@ def plain_make_worlds(cls: type[ActionWorld]) -> Callable[..., list[Callable[[],
         )
 
     make_worlds.__doc__ = f"Zero-argument builders of fresh {cls.__name__}s (see world_base)."
+    make_worlds.__module__ = cls.__module__  # what the registry names: "module:make_worlds"
+    make_worlds.__qualname__ = "make_worlds"
     return make_worlds
 
 
