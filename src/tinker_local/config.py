@@ -1,9 +1,12 @@
-"""Where tinker-local keeps its files, and the environment variables it reads."""
+"""Where tinker-local keeps its files, the environment variables it reads, and one reader of its
+JSON files (`read_json_object`) for every layer above."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 DEFAULT_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # A tiny randomly initialised Llama built from a config in memory, for fast tests.
@@ -32,6 +35,18 @@ def checkpoints_dir() -> Path:
     path = home() / "checkpoints"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """The JSON object in the file `path`; `error`, naming the file, when it cannot be read or
+    parsed or holds some other JSON value."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise error(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} does not hold a JSON object")
+    return data
 
 
 # Sampling backend: "builtin" (engine/sampling/sampler.py) or "vllm" (engine/sampling/vllm_backend.py, optional).

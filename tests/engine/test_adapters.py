@@ -101,6 +101,24 @@ def test_same_seed_same_init_and_global_rng_untouched(tiny_base):
     assert all(not x[n].any() for n in x if "lora_B" in n)  # B = 0: starts as the base
 
 
+def test_weights_of_another_layout_are_refused_before_anything_changes(pool):
+    pool.create("r4", LoraSpec(rank=4, seed=1))
+    pool.create("r8", LoraSpec(rank=8, seed=2))
+    pool.create("attn", LoraSpec(rank=4, seed=3, train_mlp=False, train_unembed=False))
+    _randomize_b(pool, "r4", seed=5)
+    before = pool.state_dict("r4")
+    with pytest.raises(EngineError, match=r"adapter weight .* has shape .*a different LoRA rank"):
+        pool.load_state_dict("r4", pool.state_dict("r8"))
+    with pytest.raises(EngineError, match=r"do not match this LoRA layout: missing \['base_model"):
+        pool.load_state_dict("r4", pool.state_dict("attn"))
+    after = pool.state_dict("r4")
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    other = pool.state_dict("r8")  # the same layout loads, onto the adapter's own device/dtype
+    pool.create("r8-copy", LoraSpec(rank=8, seed=9))
+    pool.load_state_dict("r8-copy", other)
+    assert all(torch.equal(other[n], w) for n, w in pool.state_dict("r8-copy").items())
+
+
 @pytest.mark.parametrize(
     "spec,expected",
     [

@@ -170,6 +170,20 @@ def test_value_errors(engine):
     engine.unload_model("v-err")
 
 
+def test_a_head_for_another_hidden_size_is_refused_before_anything_changes():
+    head = ValueHead(16, seed=1)
+    before = head.state()
+    wider = ValueHead(32, seed=2).state()
+    with pytest.raises(EngineError, match=r"value head weight .* has shape .*another base model"):
+        head.load(wider)
+    with pytest.raises(EngineError, match="do not match a mlp head on hidden size 16"):
+        head.load({name: w for name, w in before.items() if "bias" not in name})
+    assert all(torch.equal(before[n], w) for n, w in head.state().items())
+    same = ValueHead(16, seed=3).state()
+    head.load(same)
+    assert all(torch.equal(same[n], w) for n, w in head.state().items())
+
+
 def _ppo_datum(tokens, weights=None) -> types.Datum:
     n = len(tokens)
     inputs = {

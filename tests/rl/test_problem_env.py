@@ -118,6 +118,10 @@ def test_group_builders_and_dataset(tokenizer):
     assert len({id(e) for e in envs}) == 3
     worlds = run(WorldGroupBuilder(CountWorld, tokenizer, group_size=2).make_envs())
     assert worlds[0].world is not worlds[1].world
+    for build in (lambda: ProblemGroupBuilder(EchoProblem("a"), tokenizer, group_size=0),
+                  lambda: WorldGroupBuilder(CountWorld, tokenizer, group_size=0)):
+        with pytest.raises(ValueError, match="group_size must be >= 1, got 0"):
+            build()
 
     problems = [EchoProblem(str(i)) for i in range(7)]
     data = ProblemDataset(problems, tokenizer, batch_size=3, group_size=2)

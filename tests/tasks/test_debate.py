@@ -21,6 +21,7 @@ from tinker_local.tasks.debate import (
     run_debate,
     winner_only,
 )
+from tinker_local.tasks.debate_env import DebateDataset, DebateGroupBuilder
 from tinker_local.tasks.sat import make_problems as sat_problems
 
 
@@ -41,6 +42,26 @@ def test_odd_group_size_is_a_clear_error(size: int) -> None:
         pair_up(size)
     with pytest.raises(ValueError, match="even group size"):
         make_debate_worlds(Sum(), size)
+
+
+def test_debate_dataset_batches_like_a_problem_dataset() -> None:
+    problems = [Sum() for _ in range(5)]
+    train = DebateDataset(problems, None, batch_size=2, group_size=4, rounds=1, tags=["debate-sum"])
+    assert len(train) == 2  # the partial last batch is dropped for training
+    groups = train.get_batch(1)
+    assert [type(g) for g in groups] == [DebateGroupBuilder] * 2
+    assert groups[0].problem is problems[2] and groups[0].rounds == 1
+    assert groups[0].group_size == 4 and groups[0].logging_tags() == ["debate-sum"]
+    with pytest.raises(IndexError, match="batch 2 out of range"):
+        train.get_batch(2)
+    test = DebateDataset(problems, None, batch_size=2, group_size=2, drop_last=False)
+    assert len(test) == 3 and len(test.get_batch(2)) == 1  # evaluation keeps every problem
+    with pytest.raises(ValueError, match="DebateDataset: 5 problems is fewer than one batch of 8"):
+        DebateDataset(problems, None, batch_size=8, group_size=2)
+    with pytest.raises(ValueError, match="even group size"):
+        DebateDataset(problems, None, batch_size=2, group_size=3)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        DebateDataset(problems, None, batch_size=0, group_size=2)
 
 
 def test_pairs_and_final_answer() -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tinker_local.config import read_json_object
+
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # model_type -> the modules beyond Linear layers vLLM's class takes LoRA on (`embedding_modules`)
@@ -48,7 +50,7 @@ def vllm_fit(checkpoint: Path, base_config: dict[str, Any]) -> VllmFit:
     every rule it breaks."""
     from safetensors import safe_open
 
-    config = _read_json(checkpoint / "adapter_config.json")
+    config = read_json_object(checkpoint / "adapter_config.json", AdapterExportError)
     problems = []
     if config.get("use_dora"):
         problems.append("it is a DoRA adapter (vLLM loads plain LoRA only)")
@@ -115,8 +117,8 @@ def model_card(checkpoint: Path, *, base_model: str, kind: str, repo_id: str,
                run: str | None, metrics: dict[str, Any] | None) -> str:
     """README.md for the hub: YAML metadata the hub reads (base model, library, tags), then what
     the adapter is (rank, alpha, coverage, step, quantised base), the run and its metrics."""
-    config = _read_json(checkpoint / "adapter_config.json")
-    record = _read_json(checkpoint / "tinker_local.json") if (
+    config = read_json_object(checkpoint / "adapter_config.json", AdapterExportError)
+    record = read_json_object(checkpoint / "tinker_local.json", AdapterExportError) if (
         checkpoint / "tinker_local.json").is_file() else {}
     lora = record.get("lora") or {}
     alpha = config.get("lora_alpha", lora.get("alpha"))
@@ -168,13 +170,3 @@ def read_metrics(path: Path) -> dict[str, Any]:
 
 def _number(value: float) -> str:
     return f"{value:.6g}"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise AdapterExportError(f"cannot read {path}: {error}") from None
-    if not isinstance(data, dict):
-        raise AdapterExportError(f"{path} does not hold a JSON object")
-    return data

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tinker_local.apps.connect import add_base_url_arg
 from tinker_local.config import DEFAULT_BASE_MODEL
 from tinker_local.eval.task_items import load_items
 from tinker_local.sl.collect import write_collection
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     debate.add_argument("--temperature", type=float, default=DEBATE_DEFAULTS["temperature"])
     debate.add_argument("--judge-max-tokens", type=int, default=DEBATE_DEFAULTS["judge_max_tokens"])
     debate.add_argument("--concurrency", type=int, default=8, help="debates at once")
-    debate.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_base_url_arg(debate)
     return parser
 
 

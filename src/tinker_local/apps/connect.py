@@ -4,6 +4,7 @@ command tells that server about its log directory (for the web console's plots).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -23,6 +24,11 @@ LOG_DIRS_ROUTE = "/api/v1/console/log_dirs"
 # How long a command waits, as it ends, for its server to record how its session ended. The
 # SDK retries that for minutes when the server has gone; the command's outcome does not wait.
 FINISH_WAIT_S = 10.0
+
+
+def add_base_url_arg(parser: argparse.ArgumentParser) -> None:
+    """`--base-url`, the server a command's `command_session` connects to."""
+    parser.add_argument("--base-url", help="a running server (default: an embedded one)")
 
 
 def service_client(base_url: str | None = None) -> tinker.ServiceClient:

@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinker_local.apps.connect import command_session, quiet_sdk_polling_logs
+from tinker_local.apps.connect import add_base_url_arg, command_session, quiet_sdk_polling_logs
 from tinker_local.apps.seeds import SeedRun, models_figure, parse_seeds, seed_dir, write_summary
 from tinker_local.apps.tracking_args import add_tracking_args, tracking_settings
 from tinker_local.eval.report import (
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated seeds: one evaluation per seed in OUT/seed-S, then a summary",
     )
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_base_url_arg(p)
     add_tracking_args(p)
     return p
 

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tinker_local.apps.model_catalog import models_main  # noqa: F401 - the command's home
+from tinker_local.config import read_json_object
 from tinker_local.engine.models.registry import (
     TOKENIZER_SNAPSHOT_FILES,
     load_base,
@@ -84,7 +85,7 @@ def _export(args: argparse.Namespace) -> int:
     base_name = args.base_model or base_model_of(checkpoint)
     fit = None
     if args.format == "vllm":
-        base_config = _read_json(resolve_model(base_name) / "config.json")
+        base_config = read_json_object(resolve_model(base_name) / "config.json", ExportError)
         fit = adapter_export.vllm_fit(checkpoint, base_config)
     metrics = adapter_export.read_metrics(args.metrics) if args.metrics else None
     temporary = args.out_dir is None
@@ -180,10 +181,10 @@ def base_model_of(checkpoint_dir: Path) -> str:
     """The base model a checkpoint was trained on: tinker_local.json first, then adapter_config."""
     meta_path = checkpoint_dir / CHECKPOINT_META
     if meta_path.is_file():
-        base = _read_json(meta_path).get("base_model")
+        base = read_json_object(meta_path, ExportError).get("base_model")
         if isinstance(base, str) and base:
             return base
-    base = _read_json(checkpoint_dir / ADAPTER_CONFIG).get("base_model_name_or_path")
+    base = read_json_object(checkpoint_dir / ADAPTER_CONFIG, ExportError).get("base_model_name_or_path")
     if isinstance(base, str) and base:
         return base
     raise ExportError(
@@ -210,16 +211,6 @@ def _check_out_dir(out_dir: Path) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"output {out_dir} already exists and is not an empty folder")
     return out_dir
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ExportError(f"cannot read {path}: {error}") from None
-    if not isinstance(data, dict):
-        raise ExportError(f"{path} does not hold a JSON object")
-    return data
 
 
 def _adapter_touches_tied_output(peft_model) -> bool:

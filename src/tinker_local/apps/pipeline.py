@@ -68,6 +68,7 @@ from tinker_local.apps.collect import (
     load_debate_problems,
 )
 from tinker_local.apps.connect import (
+    add_base_url_arg,
     command_session,
     quiet_sdk_polling_logs,
     register_log_dir,
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", required=True, type=Path, help="pipeline JSON file")
     parser.add_argument("--preset", help="a named preset (overrides the file's `preset`)")
-    parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_base_url_arg(parser)
     parser.add_argument(
         "--task",
         help="a task, mixture or your own package.module:factory: replaces rl.task, "

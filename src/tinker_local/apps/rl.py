@@ -29,6 +29,7 @@ from typing import Any
 
 from tinker_local import presets
 from tinker_local.apps.connect import (
+    add_base_url_arg,
     command_session,
     quiet_sdk_polling_logs,
     register_log_dir,
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--preset", help="a named set of settings (see below)")
     parser.add_argument("--config", help="JSON file of RLConfig settings; flags override it")
-    parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_base_url_arg(parser)
     parser.add_argument(
         "--seeds",
         help="comma-separated seeds (0,1,2): one run per seed in LOG_DIR/seed-S, then their "

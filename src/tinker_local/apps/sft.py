@@ -21,7 +21,7 @@ import typing
 from typing import Any
 
 from tinker_local import presets
-from tinker_local.apps.connect import command_session, register_log_dir
+from tinker_local.apps.connect import add_base_url_arg, command_session, register_log_dir
 from tinker_local.apps.seeds import (
     SeedRun,
     curves_figure,
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-data", nargs="+", help="explicit validation data (no split)")
     parser.add_argument("--config", help="JSON file of settings; flags override it")
     parser.add_argument("--preset", help="a named set of settings (see below)")
-    parser.add_argument("--base-url", help="a running server (default: an embedded one)")
+    add_base_url_arg(parser)
     parser.add_argument(
         "--stop-after-steps", type=int, help="pause after this many steps (resume later)"
     )

@@ -191,7 +191,21 @@ class WorldEnv(Env):
         )
 
 
-class ProblemGroupBuilder(EnvGroupBuilder):
+class _RepeatedEnvGroup(EnvGroupBuilder):
+    """`group_size` envs made alike (one advantage group), logged under `tags`."""
+
+    def __init__(self, tokenizer: Any, group_size: int, tags: Sequence[str]):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.tags = list(tags)
+
+    def logging_tags(self) -> list[str]:
+        return self.tags
+
+
+class ProblemGroupBuilder(_RepeatedEnvGroup):
     """`group_size` attempts at one `SingleTurnProblem` (they form one advantage group)."""
 
     def __init__(
@@ -201,21 +215,14 @@ class ProblemGroupBuilder(EnvGroupBuilder):
         group_size: int,
         tags: Sequence[str] = (),
     ):
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        super().__init__(tokenizer, group_size, tags)
         self.problem = problem
-        self.tokenizer = tokenizer
-        self.group_size = group_size
-        self.tags = list(tags)
 
     async def make_envs(self) -> Sequence[Env]:
         return [ProblemEnv(self.problem, self.tokenizer) for _ in range(self.group_size)]
 
-    def logging_tags(self) -> list[str]:
-        return self.tags
 
-
-class WorldGroupBuilder(EnvGroupBuilder):
+class WorldGroupBuilder(_RepeatedEnvGroup):
     """`group_size` episodes of one world; `make_world` must build identical fresh worlds."""
 
     def __init__(
@@ -226,12 +233,8 @@ class WorldGroupBuilder(EnvGroupBuilder):
         tags: Sequence[str] = (),
         max_context_tokens: int | None = None,
     ):
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        super().__init__(tokenizer, group_size, tags)
         self.make_world = make_world
-        self.tokenizer = tokenizer
-        self.group_size = group_size
-        self.tags = list(tags)
         self.max_context_tokens = max_context_tokens
 
     async def make_envs(self) -> Sequence[Env]:
@@ -239,9 +242,6 @@ class WorldGroupBuilder(EnvGroupBuilder):
             WorldEnv(self.make_world(), self.tokenizer, max_context_tokens=self.max_context_tokens)
             for _ in range(self.group_size)
         ]
-
-    def logging_tags(self) -> list[str]:
-        return self.tags
 
 
 class ProblemDataset(RLDataset):
@@ -265,7 +265,8 @@ class ProblemDataset(RLDataset):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if drop_last and len(problems) < batch_size:
             raise ValueError(
-                f"ProblemDataset: {len(problems)} problems is fewer than one batch of {batch_size}"
+                f"{type(self).__name__}: {len(problems)} problems is fewer than one batch of "
+                f"{batch_size}"
             )
         self.problems = list(problems)
         self.tokenizer = tokenizer
@@ -283,4 +284,8 @@ class ProblemDataset(RLDataset):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} out of range for a dataset of {len(self)} batches")
         chunk = self.problems[index * self.batch_size : (index + 1) * self.batch_size]
-        return [ProblemGroupBuilder(p, self.tokenizer, self.group_size, self.tags) for p in chunk]
+        return [self.group(p) for p in chunk]
+
+    def group(self, problem: SingleTurnProblem) -> EnvGroupBuilder:
+        """The group builder of one problem (a subclass may build another kind)."""
+        return ProblemGroupBuilder(problem, self.tokenizer, self.group_size, self.tags)

@@ -187,29 +187,26 @@ async def run_code(request: RunCodeRequest, limits: RunCodeLimits) -> RunCodeRes
 def to_response(result: SandboxResult) -> RunCodeResponse:
     """SandboxFusion's view of a finished run (its `parse_run_status` rules)."""
     if result.exit_code == SETUP_FAILED and "sandbox setup failed" in result.stderr:
-        run = CommandRunResult(
-            status=CommandRunStatus.Error,
-            execution_time=result.duration_s,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-        return RunCodeResponse(status=RunStatus.SandboxError, message=result.reason, run_result=run)
+        return _response(result, RunStatus.SandboxError, CommandRunStatus.Error)
     if result.timed_out:
-        run = CommandRunResult(
-            status=CommandRunStatus.TimeLimitExceeded,
-            execution_time=result.duration_s,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-        return RunCodeResponse(status=RunStatus.Failed, message=result.reason, run_result=run)
+        return _response(result, RunStatus.Failed, CommandRunStatus.TimeLimitExceeded)
     # A signal reads as a negative return code, as asyncio's subprocess reports it there.
     code = result.exit_code if result.exit_code is not None else -(result.signal or 0)
+    status = RunStatus.Success if result.ok else RunStatus.Failed
+    return _response(result, status, CommandRunStatus.Finished, return_code=code)
+
+
+def _response(
+    result: SandboxResult,
+    status: RunStatus,
+    command_status: CommandRunStatus,
+    return_code: int | None = None,
+) -> RunCodeResponse:
     run = CommandRunResult(
-        status=CommandRunStatus.Finished,
+        status=command_status,
         execution_time=result.duration_s,
-        return_code=code,
+        return_code=return_code,
         stdout=result.stdout,
         stderr=result.stderr,
     )
-    status = RunStatus.Success if result.ok else RunStatus.Failed
     return RunCodeResponse(status=status, message=result.reason, run_result=run)

@@ -23,8 +23,8 @@ from typing import Any
 import tinker
 
 from tinker_local.rendering import render_prompt, stop_token_ids
-from tinker_local.rl.problem_env import WorldEnv, decode_action, score_answer
-from tinker_local.rl.types import Action, EnvGroupBuilder, RLDataset, SingleTurnProblem
+from tinker_local.rl.problem_env import ProblemDataset, WorldEnv, decode_action, score_answer
+from tinker_local.rl.types import Action, EnvGroupBuilder, SingleTurnProblem
 from tinker_local.tasks.debate import (
     DebaterWorld,
     Judge,
@@ -110,7 +110,10 @@ class DebateGroupBuilder(EnvGroupBuilder):
         return self.tags
 
 
-class DebateDataset(RLDataset):
+class DebateDataset(ProblemDataset):
+    """`ProblemDataset`'s batches, each problem a group of debaters (`DebateGroupBuilder`, which
+    takes `builder_options`, its tags included)."""
+
     def __init__(
         self,
         problems: Sequence[SingleTurnProblem],
@@ -121,24 +124,14 @@ class DebateDataset(RLDataset):
         drop_last: bool = True,
         **builder_options: Any,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        pair_up(group_size)
-        self.problems, self.tokenizer = list(problems), tokenizer
-        self.batch_size, self.group_size, self.drop_last = batch_size, group_size, drop_last
+        pair_up(group_size)  # fail fast on an odd group
+        super().__init__(
+            problems, tokenizer, batch_size=batch_size, group_size=group_size, drop_last=drop_last
+        )
         self.options = builder_options
 
-    def __len__(self) -> int:
-        full, rest = divmod(len(self.problems), self.batch_size)
-        return full + (0 if self.drop_last or not rest else 1)
-
-    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} out of range for a dataset of {len(self)} batches")
-        chunk = self.problems[index * self.batch_size : (index + 1) * self.batch_size]
-        return [
-            DebateGroupBuilder(p, self.tokenizer, self.group_size, **self.options) for p in chunk
-        ]
+    def group(self, problem: SingleTurnProblem) -> DebateGroupBuilder:
+        return DebateGroupBuilder(problem, self.tokenizer, self.group_size, **self.options)
 
 
 def sampler_completion(

@@ -49,6 +49,7 @@ from tinker_local.engine.contract import DEFAULT_LORA_ALPHA, LoraSpec
 from tinker_local.engine.errors import EngineError, user_error
 from tinker_local.engine.lora.row_routing import RowRouting, lora_row_routing
 from tinker_local.engine.models.vision import vision_tower_prefixes
+from tinker_local.engine.weight_copies import copy_checked, cpu_copy
 
 if TYPE_CHECKING:  # peft is imported where it is used (it is slow to import)
     from peft import LoraConfig
@@ -268,7 +269,7 @@ class AdapterPool:
 
     def state_dict(self, key: str) -> dict[str, torch.Tensor]:
         """A CPU copy of `key`'s weights in the PEFT file format."""
-        return {name: p.detach().to("cpu", copy=True) for name, p in self.parameters(key).items()}
+        return cpu_copy(self.parameters(key))
 
     def load_state_dict(self, key: str, state: dict[str, torch.Tensor]) -> None:
         params = self.parameters(key)
@@ -280,15 +281,7 @@ class AdapterPool:
                 f"{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
                 f"{'...' if len(unexpected) > 3 else ''}"
             )
-        for name, param in params.items():  # check everything before changing anything
-            if tuple(state[name].shape) != tuple(param.shape):
-                raise user_error(
-                    f"adapter weight {name} has shape {tuple(state[name].shape)}, "
-                    f"expected {tuple(param.shape)} (a different LoRA rank?)"
-                )
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+        copy_checked(params, state, what="adapter weight", hint="a different LoRA rank?")
 
     def config(self, key: str) -> LoraConfig:
         """A copy of `key`'s peft LoraConfig."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tinker_local.config import read_json_object
 from tinker_local.engine.cpu_features import Bf16Units, bf16_kernels_available, bf16_units
 from tinker_local.engine.models import builtin
 from tinker_local.engine.models import quantization as quant
@@ -534,13 +535,7 @@ def _is_model_folder(folder: Path) -> bool:
 
 
 def _read_config(folder: Path) -> dict:
-    try:
-        data = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as error:
-        raise InvalidModelFolderError(f"{folder / 'config.json'} is unreadable: {error}") from None
-    if not isinstance(data, dict):
-        raise InvalidModelFolderError(f"{folder / 'config.json'} does not hold a JSON object")
-    return data
+    return read_json_object(folder / "config.json", InvalidModelFolderError)
 
 
 def _is_causal_lm_type(model_type: object) -> bool:

@@ -22,6 +22,7 @@ from torch import nn
 
 from tinker_local.config import VALUE_HEAD_METADATA_KEY
 from tinker_local.engine.errors import user_error
+from tinker_local.engine.weight_copies import copy_checked, cpu_copy
 
 KINDS = ("mlp",)
 PARAM_PREFIX = "value_head."
@@ -62,7 +63,7 @@ class ValueHead(nn.Module):
 
     def state(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights, keyed as in `named_trainable`."""
-        return {name: p.detach().to("cpu", copy=True) for name, p in self.named_trainable().items()}
+        return cpu_copy(self.named_trainable())
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """Copy `state` (as returned by `state`) in; refuses a mismatch before changing anything."""
@@ -72,12 +73,6 @@ class ValueHead(nn.Module):
                 f"value head weights do not match a {self.kind} head on hidden size "
                 f"{self.hidden_size}: expected {sorted(params)}, got {sorted(state)}"
             )
-        for name, param in params.items():
-            if tuple(state[name].shape) != tuple(param.shape):
-                raise user_error(
-                    f"value head weight {name} has shape {tuple(state[name].shape)}, expected "
-                    f"{tuple(param.shape)} (a head for another base model?)"
-                )
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+        copy_checked(
+            params, state, what="value head weight", hint="a head for another base model?"
+        )

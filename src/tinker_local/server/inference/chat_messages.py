@@ -15,6 +15,7 @@ silently. (`cache_control` on an Anthropic block is a caching hint and changes n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,41 @@ def _only(
             raise _bad(f"{where}.{key}", "is not supported by tinker-local")
 
 
+def _content(
+    content: Any,
+    where: str,
+    *,
+    noun: str,
+    image_type: str,
+    read_image: Callable[[dict[str, Any], str], ImagePart],
+    ignored: frozenset[str] = frozenset(),
+    images: bool = True,
+) -> tuple[Part, ...]:
+    """A message's content, a string or a list of typed items ("parts" in OpenAI's words,
+    "blocks" in Anthropic's): text items here, items of type `image_type` (where `images` are
+    allowed) by `read_image`, which differs between the two APIs. `ignored`: keys accepted on an
+    item and ignored."""
+    if isinstance(content, str):
+        return (TextPart(content),)
+    if not isinstance(content, list) or not content:
+        raise _bad(where, f"must be a string or a non-empty list of content {noun}")
+    parts: list[Part] = []
+    for j, item in enumerate(content):
+        here = f"{where}[{j}]"
+        if not isinstance(item, dict):
+            raise _bad(here, f"must be an object, got {type(item).__name__}")
+        kind = item.get("type")
+        if kind == "text":
+            _only(item, {"type", "text"}, here, ignored)
+            parts.append(TextPart(_string(item.get("text"), f"{here}.text")))
+        elif kind == image_type and images:
+            parts.append(read_image(item, here))
+        else:
+            raise _bad(f"{here}.type", f"content {noun} of type {kind!r} are not supported "
+                       f"(text, and {image_type} for vision models, are)")
+    return tuple(parts)
+
+
 # -- OpenAI --------------------------------------------------------------------------------------
 
 _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -87,33 +123,21 @@ def openai_messages(raw: Any) -> list[Turn]:
         _only(message, {"role", "content"}, where)
         if "content" not in message or message["content"] is None:
             raise _bad(f"{where}.content", "is required")
-        turns.append(Turn(_OPENAI_ROLES[role], _openai_content(message["content"], where)))
+        turns.append(Turn(_OPENAI_ROLES[role], _openai_content(message["content"], f"{where}.content")))
     return turns
 
 
 def _openai_content(content: Any, where: str) -> tuple[Part, ...]:
-    if isinstance(content, str):
-        return (TextPart(content),)
-    if not isinstance(content, list) or not content:
-        raise _bad(f"{where}.content", "must be a string or a non-empty list of content parts")
-    parts: list[Part] = []
-    for j, part in enumerate(content):
-        here = f"{where}.content[{j}]"
-        if not isinstance(part, dict):
-            raise _bad(here, f"must be an object, got {type(part).__name__}")
-        kind = part.get("type")
-        if kind == "text":
-            _only(part, {"type", "text"}, here)
-            parts.append(TextPart(_string(part.get("text"), f"{here}.text")))
-        elif kind == "image_url":
-            _only(part, {"type", "image_url"}, here)
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else None
-            parts.append(ImagePart(here, _string(url, f"{here}.image_url.url")))
-        else:
-            raise _bad(f"{here}.type", f"content parts of type {kind!r} are not supported "
-                       "(text, and image_url for vision models, are)")
-    return tuple(parts)
+    return _content(
+        content, where, noun="parts", image_type="image_url", read_image=_openai_image
+    )
+
+
+def _openai_image(part: dict[str, Any], here: str) -> ImagePart:
+    _only(part, {"type", "image_url"}, here)
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else None
+    return ImagePart(here, _string(url, f"{here}.image_url.url"))
 
 
 # -- Anthropic -----------------------------------------------------------------------------------
@@ -145,31 +169,19 @@ def anthropic_messages(raw: Any, system: Any) -> list[Turn]:
 
 
 def _anthropic_content(content: Any, where: str, images: bool = True) -> tuple[Part, ...]:
-    if isinstance(content, str):
-        return (TextPart(content),)
-    if not isinstance(content, list) or not content:
-        raise _bad(where, "must be a string or a non-empty list of content blocks")
-    parts: list[Part] = []
-    for j, block in enumerate(content):
-        here = f"{where}[{j}]"
-        if not isinstance(block, dict):
-            raise _bad(here, f"must be an object, got {type(block).__name__}")
-        kind = block.get("type")
-        if kind == "text":
-            _only(block, {"type", "text"}, here, _BLOCK_HINTS)
-            parts.append(TextPart(_string(block.get("text"), f"{here}.text")))
-        elif kind == "image" and images:
-            _only(block, {"type", "source"}, here, _BLOCK_HINTS)
-            source = block.get("source")
-            if not isinstance(source, dict) or source.get("type") not in ("base64", "url"):
-                raise _bad(f"{here}.source", "must be a base64 or url image source")
-            data = source.get("data") if source["type"] == "base64" else source.get("url")
-            parts.append(ImagePart(here, _string(data, f"{here}.source"),
-                                   source.get("media_type")))
-        else:
-            raise _bad(f"{here}.type", f"content blocks of type {kind!r} are not supported "
-                       "(text, and image for vision models, are)")
-    return tuple(parts)
+    return _content(
+        content, where, noun="blocks", image_type="image", read_image=_anthropic_image,
+        ignored=_BLOCK_HINTS, images=images,
+    )
+
+
+def _anthropic_image(block: dict[str, Any], here: str) -> ImagePart:
+    _only(block, {"type", "source"}, here, _BLOCK_HINTS)
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") not in ("base64", "url"):
+        raise _bad(f"{here}.source", "must be a base64 or url image source")
+    data = source.get("data") if source["type"] == "base64" else source.get("url")
+    return ImagePart(here, _string(data, f"{here}.source"), source.get("media_type"))
 
 
 # -- into the chat template ----------------------------------------------------------------------

@@ -32,7 +32,6 @@ from tinker_local.server.core.engine_worker import Job
 from tinker_local.server.core.errors import ApiError, UserError
 from tinker_local.server.core.futures import FutureRecord, WireResult, json_result
 from tinker_local.server.core.service import Service
-from tinker_local.server.training.model_calls import check_created
 from tinker_local.server.training.weights import save_into
 
 KIND = "external_weights"
@@ -94,13 +93,8 @@ def save_weights_external(svc: Service, req: types.SaveWeightsExternalRequest) -
         checkpoint_id = f"{KIND}/{name}"
 
         def job(engine: Engine) -> WireResult:
-            check_created(model)
-            save_into(
-                directory,
-                True,
-                model.owner,
-                lambda tmp: _write_export(engine, model.model_id, tmp, recipients),
-            )
+            write = lambda tmp: _write_export(engine, model.model_id, tmp, recipients)
+            save_into(model, directory, write, overwrite=True)
             run_dir = directory.parent.parent
             checkpoint_flags.update(
                 run_dir, checkpoint_id, expires_at=None if ttl is None else time.time() + ttl

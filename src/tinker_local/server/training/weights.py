@@ -36,14 +36,15 @@ _EXISTS = (
 
 
 def save_into(
-    directory: Path, overwrite: bool, owner: str, write: Callable[[Path], None]
+    model: TrainingModel, directory: Path, write: Callable[[Path], None], *, overwrite: bool
 ) -> None:
-    """Write a checkpoint folder via a temporary sibling, then move it into place, so a failed
-    or interrupted save never leaves a half-written checkpoint under the real name."""
+    """Write `model`'s checkpoint folder via a temporary sibling, then move it into place, so a
+    failed or interrupted save never leaves a half-written checkpoint under the real name."""
+    check_created(model)
     if directory.exists() and not overwrite:
         raise UserError(_EXISTS.format(name=directory.name))
     directory.parent.mkdir(parents=True, exist_ok=True)
-    write_run_owner(directory.parent.parent, owner)
+    write_run_owner(directory.parent.parent, model.owner)
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         write(tmp)
@@ -90,12 +91,11 @@ def save_weights(svc: Service, req: types.SaveWeightsRequest) -> FutureRecord:
             raise UserError(_EXISTS.format(name=directory.name))
 
         def job(engine: Engine) -> WireResult:
-            check_created(model)
             save_into(
+                model,
                 directory,
-                req.overwrite,
-                model.owner,
                 lambda tmp: engine.save_state(model.model_id, tmp, with_optimizer=True),
+                overwrite=req.overwrite,
             )
             _created(svc, model, target, "training")
             return json_result({"type": "save_weights", "path": target.uri})
@@ -119,14 +119,9 @@ def save_weights_for_sampler(svc: Service, req: types.SaveWeightsForSamplerReque
         directory = target.directory(svc.settings.checkpoints_dir())
 
         def job(engine: Engine) -> WireResult:
-            check_created(model)
             # No overwrite flag exists for sampler weights: a repeated name replaces the old one.
-            save_into(
-                directory,
-                True,
-                model.owner,
-                lambda tmp: engine.save_sampler_weights(model.model_id, tmp),
-            )
+            write = lambda tmp: engine.save_sampler_weights(model.model_id, tmp)
+            save_into(model, directory, write, overwrite=True)
             _created(svc, model, target, "sampler")
             return json_result({"type": "save_weights_for_sampler", "path": target.uri})
 
