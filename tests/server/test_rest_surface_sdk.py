@@ -329,7 +329,10 @@ def test_billing_usage_counts_tokens_at_zero_cost(server: FakeServer, trainer: t
 
 
 def test_audit_log_has_each_keys_own_events(server: FakeServer, trainer: tinker.TrainingClient) -> None:
-    trainer.save_state("audited").result()
+    # Its own events, so that it passes alone or in any order.
+    rest_a = _rest(server, KEY_A)
+    rest_a.publish_checkpoint_from_tinker_path(trainer.save_state("audited").result().path).result()
+    rest_a.copy_weights(trainer.save_weights_for_sampler("audited").result().path, "proj-audit").result()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         mine = _rest(server, KEY_A).get_audit_log("checkpoints").result().entries
