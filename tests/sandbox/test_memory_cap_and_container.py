@@ -18,7 +18,7 @@ from tinker_local.sandbox import (
 )
 from tinker_local.sandbox.cgroups import _detect
 from tinker_local.sandbox.container import docker_command, guard_config
-from tinker_local.sandbox.result import interpret
+from tinker_local.sandbox.result import RunEnd, interpret
 from tinker_local.tasks.code_answers import run_failure
 
 CGROUP = detect_memory_cgroup()
@@ -92,19 +92,18 @@ def test_detection_is_off_on_request_and_rejects_non_cgroup_folders(tmp_path: Pa
 
 
 def test_a_cap_kill_fails_the_run_even_if_the_main_process_exits_zero() -> None:
-    result = interpret(
+    end = RunEnd(
         stdout=b"done\n",
         stderr=b"",
         exit_code=0,
         signal_number=None,
         timed_out=False,
         output_exceeded=False,
-        config=SandboxConfig(),
-        isolation="plain",
         duration_s=0.1,
         memory_killed=True,
         memory_limit=123,
     )
+    result = interpret(end, SandboxConfig(), "plain")
     assert not result.ok and result.reason == "memory limit (123 bytes for the whole run): killed"
 
 

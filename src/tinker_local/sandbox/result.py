@@ -42,80 +42,63 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def failure_reason(
-    *,
-    stderr: str,
-    exit_code: int | None,
-    signal_number: int | None,
-    timed_out: bool,
-    output_exceeded: bool,
-    config: SandboxConfig,
-    memory_killed: bool = False,
-    memory_limit: int = 0,
-) -> str:
-    """The most specific explanation first: our limits, then the guard, then the program."""
-    if exit_code == SETUP_FAILED and "sandbox setup failed" in stderr:
+@dataclass(frozen=True)
+class RunEnd:
+    """How a sandboxed run ended, as the host saw it; `interpret` says what it means."""
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None  # None when a signal ended it
+    signal_number: int | None
+    timed_out: bool
+    output_exceeded: bool
+    duration_s: float
+    # The whole-run memory cap (cgroup or container) killed a process of the run: the run fails
+    # even if its main process went on to exit 0.
+    memory_killed: bool = False
+    memory_limit: int = 0
+
+
+def failure_reason(end: RunEnd, stderr: str, config: SandboxConfig) -> str:
+    """The most specific explanation first: our limits, then the guard, then the program.
+    `stderr`: the run's, decoded."""
+    if end.exit_code == SETUP_FAILED and "sandbox setup failed" in stderr:
         return _last_line(stderr)
-    if memory_killed:
-        return f"memory limit ({memory_limit} bytes for the whole run): killed"
-    if timed_out:
+    if end.memory_killed:
+        return f"memory limit ({end.memory_limit} bytes for the whole run): killed"
+    if end.timed_out:
         return f"timeout after {config.timeout_s:g}s wall clock"
-    if output_exceeded:
+    if end.output_exceeded:
         return f"output limit ({config.max_output_bytes} bytes per stream) exceeded"
-    if signal_number is not None:
-        return _signal_reason(signal_number, config)
+    if end.signal_number is not None:
+        return _signal_reason(end.signal_number, config)
     if "MemoryError" in stderr:
         return f"memory limit ({config.memory_bytes} bytes): MemoryError"
     denial = _GUARD_DENIAL.search(stderr)
     if denial:
         return f"blocked: {denial.group(1)}"
-    if exit_code not in (0, None):
-        return f"exit code {exit_code}: {_last_line(stderr)}".rstrip(": ")
+    if end.exit_code not in (0, None):
+        return f"exit code {end.exit_code}: {_last_line(stderr)}".rstrip(": ")
     return ""
 
 
-def interpret(
-    *,
-    stdout: bytes,
-    stderr: bytes,
-    exit_code: int | None,
-    signal_number: int | None,
-    timed_out: bool,
-    output_exceeded: bool,
-    config: SandboxConfig,
-    isolation: str,
-    duration_s: float,
-    memory_killed: bool = False,
-    memory_limit: int = 0,
-) -> SandboxResult:
-    """`memory_killed`: the whole-run memory cap (cgroup or container) killed a process of the
-    run; the run fails even if its main process went on to exit 0."""
-    err = stderr.decode("utf-8", errors="replace")
-    reason = failure_reason(
-        stderr=err,
-        exit_code=exit_code,
-        signal_number=signal_number,
-        timed_out=timed_out,
-        output_exceeded=output_exceeded,
-        config=config,
-        memory_killed=memory_killed,
-        memory_limit=memory_limit,
-    )
+def interpret(end: RunEnd, config: SandboxConfig, isolation: str) -> SandboxResult:
+    err = end.stderr.decode("utf-8", errors="replace")
     ok = (
-        exit_code == 0
-        and not timed_out
-        and not output_exceeded
-        and signal_number is None
-        and not memory_killed
+        end.exit_code == 0
+        and not end.timed_out
+        and not end.output_exceeded
+        and end.signal_number is None
+        and not end.memory_killed
     )
     return SandboxResult(
         ok=ok,
-        stdout=stdout.decode("utf-8", errors="replace"),
+        stdout=end.stdout.decode("utf-8", errors="replace"),
         stderr=err,
-        exit_code=exit_code,
-        timed_out=timed_out,
-        reason="" if ok else (reason or "failed"),
-        signal=signal_number,
+        exit_code=end.exit_code,
+        timed_out=end.timed_out,
+        reason="" if ok else (failure_reason(end, err, config) or "failed"),
+        signal=end.signal_number,
         isolation=isolation,
-        duration_s=duration_s,
+        duration_s=end.duration_s,
     )

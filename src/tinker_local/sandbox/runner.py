@@ -26,7 +26,9 @@ import time
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tinker_local.sandbox.cgroups import RunCgroup, detect_memory_cgroup
 from tinker_local.sandbox.config import SandboxConfig
@@ -38,7 +40,7 @@ from tinker_local.sandbox.container import (
     require_docker,
 )
 from tinker_local.sandbox.packages import package_entries
-from tinker_local.sandbox.result import SandboxResult, interpret
+from tinker_local.sandbox.result import RunEnd, SandboxResult, interpret
 
 _HERE = Path(__file__).resolve().parent
 _LAUNCHER = str(_HERE / "launcher.py")
@@ -306,42 +308,24 @@ def run_python_sync(
             launch_cfg = _launch_config(cfg, mode, staging, uid, site_entries)
             launch_cfg["cgroup_procs"] = cgroup.procs_file if cgroup else None
             launch = json.dumps(launch_cfg)
-            started = time.monotonic()
-            with open(staging / "stdin", "rb") as stdin_file:
-                proc = subprocess.Popen(
+            try:
+                run = _run_to_the_end(
                     [sys.executable, "-I", "-S", _LAUNCHER, launch],
-                    stdin=stdin_file,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    close_fds=True,
+                    cfg,
+                    staging,
                     cwd=staging,
                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 )
-            try:
-                out, err, timed_out, exceeded = _collect(proc, cfg)
             finally:
-                if proc.poll() is None:
-                    _kill_group(proc.pid)
-                    proc.wait()
                 if cgroup is not None:
                     cgroup.kill_all()  # whatever escaped the process group
-            duration = time.monotonic() - started
+        status = _read_status(staging)  # the launcher's reading, when it wrote one
+        if status is not None:
+            run = replace(run, exit_code=status[0], signal_number=status[1])
         memory_killed = cgroup is not None and cgroup.oom_killed()
-        status = _read_status(staging)
-        exit_code, sig = status if status else _decode_returncode(proc.returncode)
+        memory_limit = cgroup.limit_bytes if cgroup else 0
         return interpret(
-            stdout=out,
-            stderr=err,
-            exit_code=exit_code,
-            signal_number=sig,
-            timed_out=timed_out,
-            output_exceeded=exceeded,
-            config=cfg,
-            isolation=mode,
-            duration_s=duration,
-            memory_killed=memory_killed,
-            memory_limit=cgroup.limit_bytes if cgroup else 0,
+            replace(run, memory_killed=memory_killed, memory_limit=memory_limit), cfg, mode
         )
     finally:
         if cgroup is not None:
@@ -377,6 +361,24 @@ def _run_docker(cfg: SandboxConfig, staging: Path) -> SandboxResult:
     argv = docker_command(
         cfg, name=name, workdir=work, guard_json=guard, guard_source=_GUARD_SOURCE, uid=uid, gid=gid
     )
+    try:
+        run = _run_to_the_end(argv, cfg, staging)
+    finally:
+        memory_killed = finish_container(name)  # also kills the container on timeout
+    if run.exit_code is not None and run.exit_code > 128:  # Docker's way of saying signal N
+        run = replace(run, exit_code=None, signal_number=run.exit_code - 128)
+    memory_limit = cfg.run_memory_bytes or cfg.memory_bytes
+    return interpret(
+        replace(run, memory_killed=memory_killed, memory_limit=memory_limit), cfg, "docker"
+    )
+
+
+def _run_to_the_end(
+    argv: list[str], cfg: SandboxConfig, staging: Path, **popen: Any
+) -> RunEnd:
+    """Run `argv` in a process group of its own with the staged stdin; collect its output
+    within the time and output limits, then kill the group if anything of it is left. The exit
+    code and signal are the process's own; a backend may read them otherwise."""
     started = time.monotonic()
     with open(staging / "stdin", "rb") as stdin_file:
         proc = subprocess.Popen(
@@ -386,6 +388,7 @@ def _run_docker(cfg: SandboxConfig, staging: Path) -> SandboxResult:
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            **popen,
         )
     try:
         out, err, timed_out, exceeded = _collect(proc, cfg)
@@ -393,22 +396,9 @@ def _run_docker(cfg: SandboxConfig, staging: Path) -> SandboxResult:
         if proc.poll() is None:
             _kill_group(proc.pid)
             proc.wait()
-        oom = finish_container(name)  # also kills the container on timeout
-    code = proc.returncode
-    exit_code, sig = (None, code - 128) if code is not None and code > 128 else (code, None)
-    return interpret(
-        stdout=out,
-        stderr=err,
-        exit_code=exit_code,
-        signal_number=sig,
-        timed_out=timed_out,
-        output_exceeded=exceeded,
-        config=cfg,
-        isolation="docker",
-        duration_s=time.monotonic() - started,
-        memory_killed=oom,
-        memory_limit=cfg.run_memory_bytes or cfg.memory_bytes,
-    )
+    exit_code, signal_number = _decode_returncode(proc.returncode)
+    duration = time.monotonic() - started
+    return RunEnd(out, err, exit_code, signal_number, timed_out, exceeded, duration)
 
 
 def _read_status(staging: Path) -> tuple[int | None, int | None] | None:
