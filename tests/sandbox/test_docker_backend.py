@@ -15,15 +15,17 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tinker_local.sandbox import SandboxConfig, run_python_sync
+from tinker_local.sandbox import SandboxConfig, SandboxResult, run_python_sync
 
 STAND_IN = """\
 #!{python}
 import json, os, signal, subprocess, sys
 from pathlib import Path
+from typing import Any
 
 state = Path(os.environ["STAND_IN_DOCKER_STATE"])
 args = sys.argv[1:]
@@ -71,7 +73,7 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
-def _run(code: str, **config) -> object:
+def _run(code: str, **config: Any) -> SandboxResult:
     return run_python_sync(textwrap.dedent(code), config=SandboxConfig(isolation="docker", **config))
 
 
