@@ -22,7 +22,6 @@ import pytest
 from tinker_local.sandbox import SandboxConfig, SandboxResult, run_python_sync
 
 STAND_IN = """\
-#!{python}
 import json, os, signal, subprocess, sys
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ elif args[:1] == ["run"]:
     code = child.wait()
     sys.exit(128 - code if code < 0 else code)
 else:
-    sys.exit(f"stand-in docker: {{args[:2]}} is not something the sandbox calls")
+    sys.exit(f"stand-in docker: {args[:2]} is not something the sandbox calls")
 """
 
 
@@ -65,8 +64,9 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     state.mkdir()
-    executable = bin_dir / "docker"
-    executable.write_text(STAND_IN.format(python=sys.executable))
+    (bin_dir / "docker.py").write_text(STAND_IN)
+    executable = bin_dir / "docker"  # a shell script: a long venv path can't be a #! line
+    executable.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{bin_dir / "docker.py"}" "$@"\n')
     executable.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STAND_IN_DOCKER_STATE", str(state))
