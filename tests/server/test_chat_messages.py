@@ -4,6 +4,8 @@ forms each API allows, and a 400 naming the field for everything else."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tinker_local.server.inference.chat_messages import (
     ImagePart,
@@ -91,3 +93,49 @@ def test_openai_content_refusals_name_the_field(content, param, says) -> None:
 def test_anthropic_content_refusals_name_the_field(messages, system, param, says) -> None:
     error = _refusal(anthropic_messages, messages, system)
     assert error.param == param and says in error.message
+
+
+# Any JSON value, and values shaped like the messages clients send, with odd parts mixed in.
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "image", "document", "tool_use"]) | _json},
+    optional={"text": _json, "image_url": _json | st.fixed_dictionaries({"url": _json}),
+              "source": _json | st.fixed_dictionaries({"type": st.sampled_from(["base64", "url"]),
+                                                       "data": _json, "url": _json}),
+              "cache_control": _json},
+)
+_content = st.text(max_size=8) | st.lists(_part | _json, max_size=3) | _json
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]) | _json},
+    optional={"content": _content, "name": _json},
+)
+_messages = st.lists(_message | _json, max_size=3) | _json
+
+
+def _parsed_or_refused(parse, *args) -> None:
+    """Either turns of text and image parts, or a 400 whose message starts with the field."""
+    try:
+        turns = parse(*args)
+    except InferenceError as error:
+        assert error.status == 400 and error.param
+        assert error.message.startswith(f"{error.param}: ")
+        return
+    assert turns and all(isinstance(t, Turn) and t.parts for t in turns)
+    assert all(isinstance(p, TextPart | ImagePart) for t in turns for p in t.parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_messages)
+def test_any_openai_messages_parse_or_are_refused_naming_the_field(raw) -> None:
+    _parsed_or_refused(openai_messages, raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_messages, st.none() | _content)
+def test_any_anthropic_messages_parse_or_are_refused_naming_the_field(raw, system) -> None:
+    _parsed_or_refused(anthropic_messages, raw, system)

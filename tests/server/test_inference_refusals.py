@@ -149,6 +149,8 @@ BAD_CHAT = [
     ("empty messages", {"model": TINY, "messages": []}, 400, "messages"),
     ("unknown role", {"model": TINY, "messages": [{"role": "wizard", "content": "x"}]}, 400,
      "messages[0].role"),
+    ("role not a string", {"model": TINY, "messages": [{"role": ["user"], "content": "x"}]}, 400,
+     "messages[0].role"),
     ("unsupported field", {"model": TINY, "messages": HI, "tools": []}, 400, "tools"),
     ("unsupported value", {"model": TINY, "messages": HI, "presence_penalty": 1.0}, 400,
      "presence_penalty"),

@@ -112,7 +112,7 @@ def openai_messages(raw: Any) -> list[Turn]:
         if not isinstance(message, dict):
             raise _bad(where, f"must be an object, got {type(message).__name__}")
         role = message.get("role")
-        if role not in _OPENAI_ROLES:
+        if not isinstance(role, str) or role not in _OPENAI_ROLES:  # a list is not hashable
             known = ", ".join(sorted(_OPENAI_ROLES))
             problem = (
                 "tool messages need tool calls, which tinker-local does not support"
