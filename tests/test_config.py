@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tinker_local.config import read_json_object
 
@@ -25,6 +27,7 @@ def test_read_json_object_reads_an_object(tmp_path):
         ("[1, 2]", "missing.json does not hold a JSON object"),
         ('"text"', "missing.json does not hold a JSON object"),
         ("", "cannot read .*missing.json: Expecting value"),
+        ("[" * 100_000, "cannot read .*missing.json: maximum recursion depth"),
     ],
 )
 def test_read_json_object_names_the_file_in_the_callers_error(tmp_path, content, problem):
@@ -35,3 +38,16 @@ def test_read_json_object_names_the_file_in_the_callers_error(tmp_path, content,
         read_json_object(path, _MadeUpError)
     with pytest.raises(ValueError, match=problem):  # the default error type
         read_json_object(path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
+def test_read_json_object_returns_an_object_or_the_callers_error(tmp_path_factory, content):
+    path = tmp_path_factory.mktemp("json") / "any.json"
+    path.write_bytes(content)
+    try:
+        data = read_json_object(path, _MadeUpError)
+    except _MadeUpError as error:
+        assert str(path) in str(error)
+    else:
+        assert isinstance(data, dict)

@@ -42,7 +42,7 @@ def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict[st
     parsed or holds some other JSON value."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise error(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise error(f"{path} does not hold a JSON object")
